@@ -1,0 +1,90 @@
+// The Backend interface: device buffers plus the narrow op set every model is written against.
+// The CPU backend is the reference; CUDA is tested op by op against it. An op a backend lacks
+// throws by name. All activation tensors are row-major; shapes are given per argument.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::backend {
+
+// A linear layer's weight: dense [out, in] (f32/bf16/f16), or (later) packed affine-quantized
+// with scales/biases [out, in/group_size]. Bias [out] is optional.
+struct Weight {
+  Tensor w;
+  Tensor scales, biases;  // empty when dense
+  int bits = 0, group_size = 0;
+  Tensor bias;            // empty when absent
+  bool quantized() const { return bits != 0; }
+  int64_t out_features() const { return w.dim(0); }
+  int64_t in_features() const { return quantized() ? w.dim(1) * 32 / bits : w.dim(1); }
+};
+
+// Attention over the paged KV cache for a ragged batch. Token t belongs to sequence
+// token_seq[t] at absolute position token_pos[t]; it attends to that sequence's cached keys at
+// positions j with j <= token_pos[t] (causal) and, when window > 0, j > token_pos[t] - window.
+// Key j of sequence s lives in block block_tables[s * max_blocks + j / block_size], row j % block_size.
+struct AttnParams {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;    // multiplies q·k
+  float softcap = 0.0f;  // > 0: scores = softcap * tanh(scores / softcap)
+  int window = 0;        // sliding window in tokens, 0 = full
+  int block_size = 0;
+  int max_blocks = 0;    // row stride of block_tables
+};
+
+enum class Activation { silu, gelu_tanh, gelu };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  // The dtype activations are computed in (f32 on the CPU, bf16 on CUDA).
+  virtual DType act_dtype() const = 0;
+
+  // ---- buffers
+  virtual Tensor alloc(DType t, Shape s) = 0;                // uninitialized device memory
+  virtual Tensor upload(const Tensor& host) = 0;             // host -> device copy (CPU: may alias)
+  virtual Tensor to_host(const Tensor& t) = 0;               // device -> host copy (CPU: may alias)
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;     // same dtype and numel, device to device
+  virtual void fill_zero(Tensor& t) = 0;
+  virtual void synchronize() {}
+
+  // ---- ops. x, y are [n_tokens, features] in act_dtype unless said.
+  // out[t] = table[ids[t]] (table [vocab, dim] any float dtype or quantized; ids i32 [n]).
+  virtual void embedding(const Weight& table, const Tensor& ids, Tensor& out) = 0;
+  // y = x · wᵀ (+ bias): x [n, in], w [out, in], y [n, out].
+  virtual void matmul(const Tensor& x, const Weight& w, Tensor& y) = 0;
+  // y = x / rms(x) * (w or 1 + w) over the last dim; x, y [rows, dim] (y may be x); w [dim].
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus_w, Tensor& y) = 0;
+  // Rotates x [n_tokens, n_heads, head_dim] in place by position pos[t] (i32 [n_tokens]), in HF's
+  // "rotate_half" layout over the first 2*inv_freq.numel() dims: angle_i = pos * inv_freq[i];
+  // cos/sin are multiplied by attn_factor (yarn). inv_freq f32 [rotary_dim / 2].
+  virtual void rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) = 0;
+  // Writes k, v [n_tokens, n_kv_heads * head_dim] into the caches [n_blocks, block_size,
+  // n_kv_heads * head_dim] at rows slots[t] (i32 [n_tokens], block * block_size + offset).
+  virtual void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) = 0;
+  // out [n_tokens, n_heads * head_dim] = softmax(q·Kᵀ * scale (softcapped, masked)) · V.
+  // q [n_tokens, n_heads * head_dim]; token_seq, token_pos i32 [n_tokens];
+  // block_tables i32 [n_seqs * max_blocks]. GQA: head h reads kv head h / (n_heads / n_kv_heads).
+  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+                         const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) = 0;
+  // out = act(gate) * up; gate, up, out [n, ffn] (out may alias gate).
+  virtual void gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) = 0;
+  // y = a + b elementwise (y may alias a or b).
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& y) = 0;
+  // x *= s elementwise, in place.
+  virtual void scale(Tensor& x, float s) = 0;
+  // x = cap * tanh(x / cap), in place.
+  virtual void softcap(Tensor& x, float cap) = 0;
+  // out[i] = x[rows[i]]: rows i32 [n_out], x [n, d], out [n_out, d].
+  virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
+};
+
+// The CPU backend (f32 compute; SIMD chosen at run time; threads from ThreadPool::global()).
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace kiln::backend

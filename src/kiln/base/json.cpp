@@ -1,0 +1,22 @@
+// JSON parsing with one-line errors.
+#include "kiln/base/json.h"
+
+#include "kiln/base/mapped_file.h"
+
+namespace kiln {
+
+Json parse_json(const std::string& text, const std::string& where, const std::string& component) {
+  try {
+    return Json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string what = e.what();
+    auto p = what.find("parse error");
+    fail(component, "{}: invalid JSON: {}", where, p == std::string::npos ? what : what.substr(p));
+  }
+}
+
+Json read_json_file(const std::string& path, const std::string& component) {
+  return parse_json(read_file(path, component), path, component);
+}
+
+}  // namespace kiln

@@ -1,0 +1,44 @@
+// A fixed pool of worker threads for data-parallel loops: parallel_for splits [0, n) into
+// contiguous chunks, runs them on the workers and the caller, and returns when all are done.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+
+class ThreadPool {
+ public:
+  // n_threads counts the calling thread; 0 means the number of hardware threads.
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int n_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // fn(begin, end) over chunks of [0, n); each chunk holds at least min_chunk items
+  // (so tiny loops stay on one thread). Not reentrant: do not call from inside fn.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1);
+
+  // The process-wide pool (sized by KILN_THREADS or the hardware).
+  static ThreadPool& global();
+
+ private:
+  void worker_loop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_start_, cv_done_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int job_chunks_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace kiln

@@ -1,0 +1,11 @@
+// The subcommands of `kiln`: each file in cli/ adds one to the app (flags + callback).
+// Callbacks throw kiln::Error on bad input; main() prints it on one line and exits 1.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace kiln::cli {
+
+void add_generate(CLI::App& app);
+void add_synth(CLI::App& app);
+
+}  // namespace kiln::cli
