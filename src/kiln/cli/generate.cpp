@@ -1,6 +1,106 @@
-// kiln generate (placeholder)
+// kiln generate: one prompt in, streamed text out, as mlx_lm.generate (same flag names).
+// Runs through the engine with a single sequence: the same path the server batches.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+
 #include "kiln/cli/commands.h"
+#include "kiln/cli/model_args.h"
+#include "kiln/engine/engine.h"
+
 namespace kiln::cli {
-void add_generate(CLI::App& app) { app.add_subcommand("generate", "Generate text"); }
-void add_synth(CLI::App& app) { app.add_subcommand("synth", "Write a random model"); }
+
+namespace {
+
+struct GenerateArgs {
+  ModelArgs model;
+  std::string prompt;
+  int max_tokens = 100;
+  float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, repetition_penalty = 1.0f;
+  int top_k = 0;
+  std::optional<uint64_t> seed;
+  bool ignore_chat_template = false;
+  bool verbose = false;
+};
+
+void run_generate(const GenerateArgs& a) {
+  std::string prompt = a.prompt;
+  if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  auto m = a.model.load();
+  std::vector<int32_t> ids = m->tokenizer->encode(prompt, true);
+  if (ids.empty()) {  // an empty prompt with no BOS to add: start from BOS if the model has one
+    auto bos = m->config.bos_id ? m->config.bos_id : m->tokenizer->bos_id();
+    if (!bos) fail("generate", "the prompt is empty and the model has no BOS token; give --prompt");
+    ids.push_back(*bos);
+  }
+
+  engine::EngineConfig ec;
+  ec.scheduler.max_seqs = 1;
+  ec.n_blocks = (std::min<int>(m->config.max_position_embeddings, static_cast<int>(ids.size()) + a.max_tokens) + ec.block_size) /
+                    ec.block_size + 1;
+  engine::Engine eng(*m->model, ec);
+
+  engine::Request r;
+  r.prompt = ids;
+  r.max_tokens = a.max_tokens;
+  r.stop_ids = m->eos_ids();
+  r.sampling.temperature = a.temp;
+  r.sampling.top_p = a.top_p;
+  r.sampling.top_k = a.top_k;
+  r.sampling.min_p = a.min_p;
+  r.sampling.repetition_penalty = a.repetition_penalty;
+  r.sampling.seed = a.seed;
+  tokenizer::StreamDecoder detok(*m->tokenizer, true);
+  int n_generated = 0;
+  auto t_first = std::chrono::steady_clock::now();
+  r.on_event = [&](const engine::TokenEvent& e) {
+    if (e.token < 0) return;
+    if (n_generated++ == 0) t_first = std::chrono::steady_clock::now();
+    if (e.reason == engine::FinishReason::stop) return;  // EOS is not printed
+    std::string text = detok.push(e.token);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
+  if (a.verbose) std::fprintf(stdout, "==========\n");
+  auto t0 = std::chrono::steady_clock::now();
+  eng.add(std::move(r));
+  while (eng.has_work()) eng.step();
+  auto t_end = std::chrono::steady_clock::now();
+  std::string rest = detok.flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fprintf(stdout, "\n");
+  if (a.verbose) {
+    double prompt_s = std::chrono::duration<double>(t_first - t0).count();
+    double gen_s = std::chrono::duration<double>(t_end - t_first).count();
+    std::fprintf(stdout, "==========\n");
+    std::fprintf(stdout, "Prompt: %zu tokens, %.3f tokens-per-sec\n", ids.size(), ids.size() / std::max(prompt_s, 1e-9));
+    std::fprintf(stdout, "Generation: %d tokens, %.3f tokens-per-sec\n", n_generated,
+                 n_generated > 1 ? (n_generated - 1) / std::max(gen_s, 1e-9) : 0.0);
+    std::fprintf(stdout, "Peak memory: %.3f GB\n", peak_rss_bytes() / 1e9);
+  }
 }
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams to stdout)");
+  a->model.add_to(cmd);
+  cmd->add_option("-p,--prompt", a->prompt, "The prompt; \"-\" reads it from stdin (default: empty, i.e. start from BOS)");
+  cmd->add_option("-m,--max-tokens", a->max_tokens, "Maximum number of tokens to generate")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--temp", a->temp, "Sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--top-p", a->top_p, "Nucleus sampling: keep the top tokens with this much probability mass")
+      ->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "Keep only the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--min-p", a->min_p, "Drop tokens less likely than min-p times the most likely one")
+      ->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  cmd->add_option("--repetition-penalty", a->repetition_penalty, "Penalty for tokens already in the context (1 = off)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Random seed (same seed, same tokens)");
+  cmd->add_flag("--ignore-chat-template", a->ignore_chat_template, "Use the raw prompt, without the model's chat template");
+  cmd->add_flag("--verbose", a->verbose, "Print prompt and generation speed and peak memory");
+  cmd->callback([a] { run_generate(*a); });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,231 @@
+// CpuBackend: buffers (host memory; upload/to_host alias), the row-wise ops (embedding, RMSNorm,
+// RoPE, KV writes, gated activations, elementwise) and the dispatch of matmul/attention to their
+// drivers. Shapes are checked on entry: a mismatch throws "[cpu] <op>: ..." naming the argument.
+#include "kiln/backend/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace kiln::backend::cpu {
+
+namespace {
+
+// Elementwise loops go parallel only above this many elements (below it, waking the workers
+// costs more than the loop).
+constexpr int64_t kElemChunk = 1 << 15;
+
+void require_f32(const Tensor& t, const char* op, const char* arg) {
+  if (t.dtype != DType::f32)
+    fail("cpu", "{}: {} must be float32 on the CPU backend, got {}", op, arg, dtype_name(t.dtype));
+}
+void require_i32(const Tensor& t, const char* op, const char* arg) {
+  if (t.dtype != DType::i32) fail("cpu", "{}: {} must be int32, got {}", op, arg, dtype_name(t.dtype));
+}
+bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+float gelu_tanh(float x) {
+  const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
+}
+float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f)); }
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+CpuBackend::CpuBackend(SimdLevel level) : k_(kernels_for(level)), pool_(ThreadPool::global()) {}
+
+std::unique_ptr<CpuBackend> make_cpu_backend_at(SimdLevel level) { return std::make_unique<CpuBackend>(level); }
+
+// ---- buffers
+
+Tensor CpuBackend::alloc(DType t, Shape s) { return Tensor::host(t, std::move(s)); }
+Tensor CpuBackend::upload(const Tensor& host) { return host; }  // host memory is device memory here
+Tensor CpuBackend::to_host(const Tensor& t) { return t; }
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  if (src.dtype != dst.dtype || src.numel() != dst.numel())
+    fail("cpu", "copy: {} {} into {} {}", dtype_name(src.dtype), shape_str(src.shape), dtype_name(dst.dtype),
+         shape_str(dst.shape));
+  if (src.data != dst.data) std::memmove(dst.data, src.data, src.nbytes());
+}
+
+void CpuBackend::fill_zero(Tensor& t) { std::memset(t.data, 0, t.nbytes()); }
+
+// ---- ops
+
+void CpuBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
+  if (table.quantized()) fail("cpu", "quantized embedding not implemented yet");
+  require_i32(ids, "embedding", "ids");
+  require_f32(out, "embedding", "out");
+  const Tensor& w = table.w;
+  if (!is_float(w.dtype) || w.ndim() != 2) fail("cpu", "embedding: table must be a 2-D float tensor, got {} {}", dtype_name(w.dtype), shape_str(w.shape));
+  const int64_t n = ids.numel(), vocab = w.dim(0), dim = w.dim(1);
+  if (out.numel() != n * dim) fail("cpu", "embedding: out {} for {} ids of dim {}", shape_str(out.shape), n, dim);
+  const int32_t* id = ids.ptr<int32_t>();
+  for (int64_t t = 0; t < n; ++t)
+    if (id[t] < 0 || id[t] >= vocab) fail("cpu", "embedding: token id {} out of range [0, {})", id[t], vocab);
+  const size_t row_bytes = dim * dtype_size(w.dtype);
+  pool_.parallel_for(n, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      k_.to_f32(static_cast<const char*>(w.data) + id[t] * row_bytes, w.dtype, out.ptr<float>() + t * dim, dim);
+  }, std::max<int64_t>(1, kElemChunk / std::max<int64_t>(1, dim)));
+}
+
+void CpuBackend::matmul(const Tensor& x, const Weight& w, Tensor& y) { cpu::matmul(k_, pool_, x, w, y); }
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus_w, Tensor& y) {
+  require_f32(x, "rms_norm", "x");
+  require_f32(y, "rms_norm", "y");
+  const int64_t dim = x.cols(), rows = x.rows();
+  if (!is_float(w.dtype) || w.numel() != dim)
+    fail("cpu", "rms_norm: weight {} {} for rows of {}", dtype_name(w.dtype), shape_str(w.shape), dim);
+  if (y.numel() != x.numel()) fail("cpu", "rms_norm: y {} for x {}", shape_str(y.shape), shape_str(x.shape));
+  // w_eff [dim]: the weight in f32, with Gemma's 1 + w folded in (computed in f32 as HF does).
+  std::vector<float> w_eff(dim);
+  k_.to_f32(w.data, w.dtype, w_eff.data(), dim);
+  if (one_plus_w)
+    for (auto& v : w_eff) v = 1.0f + v;
+  pool_.parallel_for(rows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x.ptr<float>() + r * dim;
+      float ms = k_.sum_sq(xr, dim) / static_cast<float>(dim);
+      float inv = 1.0f / std::sqrt(ms + eps);
+      k_.mul_scaled(xr, w_eff.data(), inv, y.ptr<float>() + r * dim, dim);
+    }
+  }, std::max<int64_t>(1, kElemChunk / std::max<int64_t>(1, dim)));
+}
+
+void CpuBackend::rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) {
+  require_f32(x, "rope", "x");
+  require_i32(pos, "rope", "pos");
+  require_f32(inv_freq, "rope", "inv_freq");
+  if (x.ndim() != 3) fail("cpu", "rope: x must be [n_tokens, n_heads, head_dim], got {}", shape_str(x.shape));
+  const int64_t n = x.dim(0), n_heads = x.dim(1), head_dim = x.dim(2), half = inv_freq.numel();
+  if (pos.numel() != n) fail("cpu", "rope: {} positions for {} tokens", pos.numel(), n);
+  if (2 * half > head_dim) fail("cpu", "rope: rotary dim {} exceeds head_dim {}", 2 * half, head_dim);
+  const float* f = inv_freq.ptr<float>();
+  pool_.parallel_for(n, [&](int64_t b, int64_t e) {
+    std::vector<float> cs(half), sn(half);
+    for (int64_t t = b; t < e; ++t) {
+      // The angle is rounded to f32 as HF does (inv_freq f32 times position f32); cos/sin of it.
+      const float p = static_cast<float>(pos.ptr<int32_t>()[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        float a = p * f[i];
+        cs[i] = static_cast<float>(std::cos(static_cast<double>(a))) * attn_factor;
+        sn[i] = static_cast<float>(std::sin(static_cast<double>(a))) * attn_factor;
+      }
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* v = x.ptr<float>() + (t * n_heads + h) * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          float a = v[i], c = v[i + half];
+          v[i] = a * cs[i] - c * sn[i];
+          v[i + half] = c * cs[i] + a * sn[i];
+        }
+      }
+    }
+  }, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, n_heads * head_dim)));
+}
+
+void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  require_f32(k, "kv_write", "k");
+  require_f32(v, "kv_write", "v");
+  require_f32(k_cache, "kv_write", "k_cache");
+  require_f32(v_cache, "kv_write", "v_cache");
+  require_i32(slots, "kv_write", "slots");
+  const int64_t n = slots.numel(), width = k.cols();
+  if (k.numel() != n * width || v.numel() != n * width || k_cache.cols() != width || v_cache.cols() != width ||
+      k_cache.numel() != v_cache.numel())
+    fail("cpu", "kv_write: k {} v {} slots {} caches {} {}", shape_str(k.shape), shape_str(v.shape), n,
+         shape_str(k_cache.shape), shape_str(v_cache.shape));
+  const int64_t n_slots = k_cache.numel() / std::max<int64_t>(1, width);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t s = slots.ptr<int32_t>()[t];
+    if (s < 0) continue;  // a padding token: nothing to cache
+    if (s >= n_slots) fail("cpu", "kv_write: slot {} outside a cache of {} rows", s, n_slots);
+    std::memcpy(k_cache.ptr<float>() + s * width, k.ptr<float>() + t * width, width * sizeof(float));
+    std::memcpy(v_cache.ptr<float>() + s * width, v.ptr<float>() + t * width, width * sizeof(float));
+  }
+}
+
+void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+                           const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) {
+  cpu::attention(k_, pool_, q, k_cache, v_cache, block_tables, token_seq, token_pos, p, out);
+}
+
+void CpuBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  require_f32(gate, "gated_act", "gate");
+  require_f32(up, "gated_act", "up");
+  require_f32(out, "gated_act", "out");
+  const int64_t n = gate.numel();
+  if (up.numel() != n || out.numel() != n)
+    fail("cpu", "gated_act: gate {} up {} out {}", shape_str(gate.shape), shape_str(up.shape), shape_str(out.shape));
+  const float* g = gate.ptr<float>();
+  const float* u = up.ptr<float>();
+  float* o = out.ptr<float>();
+  pool_.parallel_for(n, [&](int64_t b, int64_t e) {
+    switch (act) {
+      case Activation::silu:
+        for (int64_t i = b; i < e; ++i) o[i] = silu(g[i]) * u[i];
+        break;
+      case Activation::gelu_tanh:
+        for (int64_t i = b; i < e; ++i) o[i] = gelu_tanh(g[i]) * u[i];
+        break;
+      case Activation::gelu:
+        for (int64_t i = b; i < e; ++i) o[i] = gelu_erf(g[i]) * u[i];
+        break;
+    }
+  }, kElemChunk);
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
+  require_f32(a, "add", "a");
+  require_f32(b, "add", "b");
+  require_f32(y, "add", "y");
+  const int64_t n = a.numel();
+  if (b.numel() != n || y.numel() != n)
+    fail("cpu", "add: a {} b {} y {}", shape_str(a.shape), shape_str(b.shape), shape_str(y.shape));
+  const float* pa = a.ptr<float>();
+  const float* pb = b.ptr<float>();
+  float* py = y.ptr<float>();
+  pool_.parallel_for(n, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) py[i] = pa[i] + pb[i];
+  }, kElemChunk);
+}
+
+void CpuBackend::scale(Tensor& x, float s) {
+  require_f32(x, "scale", "x");
+  pool_.parallel_for(x.numel(), [&](int64_t b, int64_t e) { k_.scale(x.ptr<float>() + b, s, e - b); }, kElemChunk);
+}
+
+void CpuBackend::softcap(Tensor& x, float cap) {
+  require_f32(x, "softcap", "x");
+  if (!(cap > 0)) fail("cpu", "softcap: cap must be > 0, got {}", cap);
+  float* p = x.ptr<float>();
+  pool_.parallel_for(x.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) p[i] = cap * std::tanh(p[i] / cap);
+  }, kElemChunk);
+}
+
+void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  require_i32(rows, "gather_rows", "rows");
+  const int64_t n_out = rows.numel(), d = x.cols(), n = x.rows();
+  if (out.dtype != x.dtype || out.numel() != n_out * d)
+    fail("cpu", "gather_rows: out {} {} for {} rows of {} {}", dtype_name(out.dtype), shape_str(out.shape), n_out,
+         dtype_name(x.dtype), shape_str(x.shape));
+  const size_t row_bytes = d * dtype_size(x.dtype);
+  for (int64_t i = 0; i < n_out; ++i) {
+    const int64_t r = rows.ptr<int32_t>()[i];
+    if (r < 0 || r >= n) fail("cpu", "gather_rows: row {} out of range [0, {})", r, n);
+    std::memmove(static_cast<char*>(out.data) + i * row_bytes, static_cast<const char*>(x.data) + r * row_bytes,
+                 row_bytes);
+  }
+}
+
+}  // namespace kiln::backend::cpu
+
+namespace kiln::backend {
+
+std::unique_ptr<Backend> make_cpu_backend() { return cpu::make_cpu_backend_at(cpu::simd_level_from_env()); }
+
+}  // namespace kiln::backend

@@ -1,0 +1,61 @@
+// The CPU backend's inner kernels as a table of function pointers, one table per SIMD level
+// (scalar, AVX2+FMA+F16C, AVX-512). Each level lives in its own translation unit compiled with its
+// own -m flags; the backend picks a table once at creation (__builtin_cpu_supports, KILN_SIMD).
+#pragma once
+#include <cstdint>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::backend::cpu {
+
+enum class SimdLevel { scalar = 0, avx2 = 1, avx512 = 2 };
+const char* simd_level_name(SimdLevel l);
+
+struct Kernels {
+  SimdLevel level = SimdLevel::scalar;
+  // GEMM microkernel tile: gemm_mr tokens x gemm_nr output features; gemm_nr is also the width of
+  // one packed weight panel.
+  int gemm_mr = 1, gemm_nr = 1;
+
+  // dst[i] = float(src[i]), i < n; src is f32, bf16 or f16.
+  void (*to_f32)(const void* src, DType t, float* dst, int64_t n);
+  // a·b over n floats.
+  float (*dot)(const float* a, const float* b, int64_t n);
+  // y += a * x over n floats.
+  void (*axpy)(float a, const float* x, float* y, int64_t n);
+  // y *= s over n floats.
+  void (*scale)(float* y, float s, int64_t n);
+  // sum of x[i]² over n floats.
+  float (*sum_sq)(const float* x, int64_t n);
+  // y[i] = (x[i] * s) * w[i] over n floats (the RMSNorm epilogue; HF's order of rounding).
+  void (*mul_scaled)(const float* x, const float* w, float s, float* y, int64_t n);
+  // GEMV over a row range, streaming each weight row once for all tokens:
+  //   y[t * y_stride + r] = x[t * x_stride : +in] · w[r * in : +in]   for t < n_x, r0 <= r < r1.
+  // w [out, in] of dtype wt (f32/bf16/f16).
+  void (*gemv)(const float* x, int64_t n_x, int64_t x_stride, const void* w, DType wt, int64_t in, int64_t r0,
+               int64_t r1, float* y, int64_t y_stride);
+  // Packs weight rows [r0, r0 + n_rows) x columns [k0, k0 + kc) into f32 panels of gemm_nr rows:
+  //   dst[(p * kc + k) * nr + j] = w[r0 + p * nr + j][k0 + k], zero where r0 + p*nr + j >= r0 + n_rows.
+  // dst holds ceil(n_rows / nr) * kc * nr floats.
+  void (*gemm_pack)(const void* w, DType wt, int64_t in, int64_t r0, int64_t n_rows, int64_t k0, int64_t kc,
+                    float* dst);
+  // One register tile: for m < m_count (<= mr) and j < n_count (<= nr),
+  //   y[m * y_stride + j] (+)= sum_{k < kc} x[m * x_stride + k] * panel[k * nr + j]
+  // (overwrites when accumulate is false).
+  void (*gemm_micro)(const float* x, int64_t x_stride, int64_t m_count, const float* panel, int64_t kc, float* y,
+                     int64_t y_stride, int64_t n_count, bool accumulate);
+};
+
+// The tables; avx2/avx512 return nullptr when this build has no such translation unit.
+const Kernels* kernels_scalar();
+const Kernels* kernels_avx2();
+const Kernels* kernels_avx512();
+
+// The best level this CPU (and this build) supports.
+SimdLevel best_simd_level();
+// The table for a level; throws [cpu] when the CPU or the build lacks it.
+const Kernels& kernels_for(SimdLevel l);
+// Reads KILN_SIMD (scalar|avx2|avx512; unset = best); throws [cpu] for an unknown or unsupported value.
+SimdLevel simd_level_from_env();
+
+}  // namespace kiln::backend::cpu

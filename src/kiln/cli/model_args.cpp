@@ -1,0 +1,30 @@
+// --model / --device handling and peak memory for --verbose reports.
+#include "kiln/cli/model_args.h"
+
+#include <sys/resource.h>
+
+#include "kiln/cli/embedded.h"
+
+namespace kiln::cli {
+
+void ModelArgs::add_to(CLI::App* cmd) {
+  cmd->add_option("--model", model,
+                  "Model folder or Hugging Face repo id in the local HF cache (default: the embedded stories260K)");
+  cmd->add_option("--device", device, "Where to run: auto, cpu or cuda (auto: cuda when a GPU is present)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+}
+
+std::unique_ptr<engine::LoadedModel> ModelArgs::load() const {
+  engine::LoadOptions opt;
+  opt.device = device == "auto" ? "cpu" : device;
+  if (model.empty()) return engine::load_model_from_memory(embedded_model_files(), kEmbeddedName, opt);
+  return engine::load_model(model, opt);
+}
+
+size_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+}  // namespace kiln::cli

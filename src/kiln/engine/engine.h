@@ -1,0 +1,58 @@
+// The engine: owns the model's KV cache, the block pool and the scheduler; step() runs one
+// batched forward over every scheduled sequence, samples, and reports tokens through each
+// request's callback. One thread drives it (the server's engine thread, or `kiln generate`).
+#pragma once
+#include <map>
+#include <memory>
+
+#include "kiln/engine/block_manager.h"
+#include "kiln/engine/scheduler.h"
+#include "kiln/model/model.h"
+
+namespace kiln::engine {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int block_size = 16;
+  int n_blocks = 0;          // 0: derived from kv_cache_bytes
+  size_t kv_cache_bytes = 0; // 0: enough for max_seqs sequences of the full context
+};
+
+struct EngineStats {
+  int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
+  double prefill_seconds = 0, decode_seconds = 0;  // steps that ran any prefill / only decodes
+};
+
+class Engine {
+ public:
+  Engine(model::Model& model, EngineConfig cfg);
+  ~Engine();
+  // Queues a request; returns its id. Prompts longer than the context fail with kiln::Error.
+  int64_t add(Request r);
+  // Drops a request at once and frees its blocks; its callback gets a final `cancelled` event.
+  void cancel(int64_t id);
+  bool has_work() const { return !scheduler_.empty(); }
+  // Runs one batched forward; returns the number of tokens it computed.
+  int step();
+
+  const EngineStats& stats() const { return stats_; }
+  const BlockManager& blocks() const { return blocks_; }
+  const Scheduler& scheduler() const { return scheduler_; }
+  model::Model& model() { return model_; }
+  int context_length() const { return context_length_; }
+
+ private:
+  void finish(Sequence* s, FinishReason r);
+
+  model::Model& model_;
+  EngineConfig cfg_;
+  BlockManager blocks_;
+  model::KvCache cache_;
+  Scheduler scheduler_;
+  std::map<int64_t, std::unique_ptr<Sequence>> seqs_;
+  int64_t next_id_ = 1;
+  int context_length_;
+  EngineStats stats_;
+};
+
+}  // namespace kiln::engine

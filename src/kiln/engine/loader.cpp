@@ -1,0 +1,57 @@
+// load_model / load_model_from_memory: the same steps for a folder or the embedded files.
+#include "kiln/engine/loader.h"
+
+#include <algorithm>
+
+#include "kiln/base/mapped_file.h"
+#include "kiln/io/model_path.h"
+
+namespace kiln::engine {
+
+static std::unique_ptr<backend::Backend> make_backend(const LoadOptions& opt) {
+  if (opt.device == "cpu") return backend::make_cpu_backend();
+  fail("engine", "unknown device \"{}\" (this build supports: cpu)", opt.device);
+}
+
+static void finish_load(LoadedModel& m, const LoadOptions& opt) {
+  m.backend = make_backend(opt);
+  m.model = model::create_model(m.config, m.weights, *m.backend);
+  if (m.tokenizer->vocab_size() > m.config.vocab_size)
+    fail("model", "{}: the tokenizer has {} tokens but config.json's vocab_size is {}", m.path, m.tokenizer->vocab_size(),
+         m.config.vocab_size);
+}
+
+std::unique_ptr<LoadedModel> load_model(const std::string& arg, const LoadOptions& opt) {
+  auto m = std::make_unique<LoadedModel>();
+  m->path = io::resolve_model_path(arg);
+  m->config = model::ModelConfig::load_dir(m->path);
+  m->tokenizer = tokenizer::Tokenizer::load_dir(m->path);
+  m->weights = io::WeightSet::open_dir(m->path);
+  finish_load(*m, opt);
+  return m;
+}
+
+std::unique_ptr<LoadedModel> load_model_from_memory(const std::map<std::string, std::string_view>& files,
+                                                    const std::string& name, const LoadOptions& opt) {
+  auto get = [&](const std::string& f) -> std::string {
+    auto it = files.find(f);
+    return it == files.end() ? std::string() : std::string(it->second);
+  };
+  auto m = std::make_unique<LoadedModel>();
+  m->path = name;
+  m->config = model::ModelConfig::from_json(get("config.json"), get("generation_config.json"), name + "/config.json");
+  m->config.dir = name;
+  m->tokenizer = tokenizer::Tokenizer::from_json(get("tokenizer.json"), get("tokenizer_config.json"), name + "/tokenizer.json");
+  auto st = files.at("model.safetensors");
+  m->weights.add(io::SafetensorsFile::from_mapping(MappedFile::from_static(st.data(), st.size(), name + "/model.safetensors")));
+  finish_load(*m, opt);
+  return m;
+}
+
+std::vector<int32_t> LoadedModel::eos_ids() const {
+  std::vector<int32_t> ids = config.generation.eos_ids;
+  if (auto e = tokenizer->eos_id(); e && std::find(ids.begin(), ids.end(), *e) == ids.end()) ids.push_back(*e);
+  return ids;
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,46 @@
+// Token sampling for one sequence: logit bias, repetition/presence/frequency penalties,
+// temperature, then top-k, top-p and min-p filters; greedy when temperature is 0.
+// The same seed gives the same tokens.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace kiln::engine {
+
+struct SamplingParams {
+  float temperature = 0.0f;        // 0: greedy
+  float top_p = 1.0f;              // keep the smallest set with cumulative probability >= top_p
+  int top_k = 0;                   // 0: off
+  float min_p = 0.0f;              // drop tokens with p < min_p * p_max
+  float repetition_penalty = 1.0f; // HF: logits of seen tokens divided (>0) or multiplied (<0)
+  float presence_penalty = 0.0f;   // OpenAI: minus this once for every token seen in the output
+  float frequency_penalty = 0.0f;  // OpenAI: minus this times the count in the output
+  std::map<int32_t, float> logit_bias;
+  std::optional<uint64_t> seed;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams p);
+  const SamplingParams& params() const { return params_; }
+  // logits: [vocab] (modified in place). context: the prompt and tokens so far (repetition penalty);
+  // generated: only the output tokens (presence/frequency penalties).
+  int32_t sample(std::span<float> logits, std::span<const int32_t> context, std::span<const int32_t> generated);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+// Applies the logit processors (bias and penalties) only; sample() calls it first.
+void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span<const int32_t> context,
+                     std::span<const int32_t> generated);
+// Index of the largest value (the first one on ties, as torch.argmax).
+int32_t argmax(std::span<const float> v);
+
+}  // namespace kiln::engine

@@ -1,0 +1,26 @@
+// Sequence construction and finish-reason names.
+#include "kiln/engine/sequence.h"
+
+namespace kiln::engine {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::none: return "none";
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::error: return "error";
+  }
+  return "?";
+}
+
+Sequence::Sequence(int64_t id_, Request r)
+    : id(id_),
+      tokens(std::move(r.prompt)),
+      n_prompt(static_cast<int>(tokens.size())),
+      sampler(std::move(r.sampling)),
+      max_tokens(r.max_tokens),
+      stop_ids(std::move(r.stop_ids)),
+      on_event(std::move(r.on_event)) {}
+
+}  // namespace kiln::engine

@@ -1,0 +1,145 @@
+// Shared blocks of the decoder families. Shapes: x [n_tokens, dim]; q [n_tokens, n_heads * head_dim];
+// k, v [n_tokens, n_kv_heads * head_dim]; cache [n_blocks, block_size, n_kv_heads * head_dim].
+#include "kiln/model/layers.h"
+
+#include <algorithm>
+
+namespace kiln::model {
+
+using backend::Weight;
+
+backend::Weight load_linear(const io::WeightSet& ws, const std::string& prefix) {
+  Weight w;
+  w.w = ws.get(prefix + ".weight");
+  if (w.w.ndim() != 2) fail("weights", "{}.weight must be 2-D, got {}", prefix, shape_str(w.w.shape));
+  if (const Tensor* b = ws.find(prefix + ".bias")) w.bias = *b;
+  if (const Tensor* s = ws.find(prefix + ".scales")) {
+    w.scales = *s;
+    w.biases = ws.get(prefix + ".biases");
+    fail("weights", "{}: quantized weights are not supported yet", prefix);
+  }
+  auto t = w.w.dtype;
+  if (t != DType::f32 && t != DType::bf16 && t != DType::f16)
+    fail("weights", "{}.weight has dtype {}; expected float32, bfloat16 or float16", prefix, dtype_name(t));
+  return w;
+}
+
+Tensor load_vector(const io::WeightSet& ws, const std::string& name, bool required) {
+  const Tensor* t = ws.find(name);
+  if (!t) {
+    if (required) ws.get(name);  // throws with the folder and name
+    return {};
+  }
+  return *t;
+}
+
+static Tensor upload_i32(backend::Backend& be, const std::vector<int32_t>& v) {
+  Tensor h = Tensor::host(DType::i32, {static_cast<int64_t>(std::max<size_t>(v.size(), 1))});
+  std::copy(v.begin(), v.end(), h.ptr<int32_t>());
+  Tensor d = be.upload(h);
+  d.shape = {static_cast<int64_t>(v.size())};
+  return d;
+}
+
+StepInputs upload_step(backend::Backend& be, const Batch& b) {
+  StepInputs s;
+  s.n_tokens = b.n_tokens();
+  s.n_out = static_cast<int>(b.logit_rows.size());
+  s.n_seqs = b.n_seqs;
+  s.max_blocks = b.max_blocks;
+  s.tokens = upload_i32(be, b.tokens);
+  s.positions = upload_i32(be, b.positions);
+  s.token_seq = upload_i32(be, b.token_seq);
+  s.slots = upload_i32(be, b.slots);
+  s.block_tables = upload_i32(be, b.block_tables);
+  s.logit_rows = upload_i32(be, b.logit_rows);
+  for (int p : b.positions) s.max_position = std::max(s.max_position, p);
+  return s;
+}
+
+void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,
+                     const Tensor& x, const StepInputs& in, Tensor& k_cache, Tensor& v_cache, int block_size, Tensor& out) {
+  const int64_t n = in.n_tokens, hd = c.head_dim;
+  const DType t = be.act_dtype();
+  Tensor q = be.alloc(t, {n, c.n_heads * hd});      // [n, n_heads * head_dim]
+  Tensor k = be.alloc(t, {n, c.n_kv_heads * hd});   // [n, n_kv_heads * head_dim]
+  Tensor v = be.alloc(t, {n, c.n_kv_heads * hd});
+  be.matmul(x, w.q, q);
+  be.matmul(x, w.k, k);
+  be.matmul(x, w.v, v);
+  if (!w.q_norm.empty()) {  // per-head RMSNorm over head_dim (qwen3, gemma3)
+    Tensor qh = q.view({n * c.n_heads, hd}), kh = k.view({n * c.n_kv_heads, hd});
+    be.rms_norm(qh, w.q_norm, static_cast<float>(o.norm_eps), o.norm_one_plus, qh);
+    be.rms_norm(kh, w.k_norm, static_cast<float>(o.norm_eps), o.norm_one_plus, kh);
+  }
+  Tensor q3 = q.view({n, c.n_heads, hd}), k3 = k.view({n, c.n_kv_heads, hd});
+  be.rope(q3, in.positions, o.inv_freq, o.rope_attn_factor);
+  be.rope(k3, in.positions, o.inv_freq, o.rope_attn_factor);
+  be.kv_write(k, v, in.slots, k_cache, v_cache);
+
+  backend::AttnParams p;
+  p.n_heads = c.n_heads;
+  p.n_kv_heads = c.n_kv_heads;
+  p.head_dim = c.head_dim;
+  p.scale = o.scale;
+  p.softcap = o.softcap;
+  p.window = o.window;
+  p.block_size = block_size;
+  p.max_blocks = in.max_blocks;
+  Tensor attn = be.alloc(t, {n, c.n_heads * hd});
+  be.attention(q, k_cache, v_cache, in.block_tables, in.token_seq, in.positions, p, attn);
+  be.matmul(attn, w.o, out);
+}
+
+void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation act, const Tensor& x, Tensor& out) {
+  const int64_t n = x.dim(0), ffn = w.gate.out_features();
+  Tensor gate = be.alloc(be.act_dtype(), {n, ffn});  // [n, ffn]
+  Tensor up = be.alloc(be.act_dtype(), {n, ffn});
+  be.matmul(x, w.gate, gate);
+  be.matmul(x, w.up, up);
+  be.gated_act(gate, up, act, gate);
+  be.matmul(gate, w.down, out);
+}
+
+backend::Activation activation_from_name(const std::string& name, const std::string& where) {
+  if (name == "silu" || name == "swish") return backend::Activation::silu;
+  if (name == "gelu_pytorch_tanh" || name == "gelu_new" || name == "gelu_fast") return backend::Activation::gelu_tanh;
+  if (name == "gelu") return backend::Activation::gelu;
+  fail("config", "{}: unsupported activation \"{}\" (supported: silu, gelu, gelu_pytorch_tanh)", where, name);
+}
+
+DeviceRope upload_rope(backend::Backend& be, const RopeConfig& r, const ModelConfig& c, int seq_len) {
+  RopeTable t = rope_table(r, c.head_dim, c.max_position_embeddings, seq_len);
+  Tensor h = Tensor::host(DType::f32, {static_cast<int64_t>(t.inv_freq.size())});
+  // transformers keeps inv_freq as a buffer in the checkpoint's dtype, so a bf16/f16 model rotates
+  // by rounded frequencies; round the same way to match it (the difference is ~1e-4 of the logits).
+  DType stored = c.dtype == "bfloat16" ? DType::bf16 : c.dtype == "float16" ? DType::f16 : DType::f32;
+  for (size_t i = 0; i < t.inv_freq.size(); ++i) {
+    float f = t.inv_freq[i];
+    if (stored == DType::bf16) f = bf16_to_f32(f32_to_bf16(f));
+    else if (stored == DType::f16) f = f16_to_f32(f32_to_f16(f));
+    h.ptr<float>()[i] = f;
+  }
+  return {be.upload(h), t.attn_factor};
+}
+
+KvCache KvCache::allocate(backend::Backend& be, const ModelConfig& c, int n_blocks, int block_size) {
+  KvCache kv;
+  kv.n_blocks = n_blocks;
+  kv.block_size = block_size;
+  for (int l = 0; l < c.n_layers; ++l) {
+    Shape s{n_blocks, block_size, static_cast<int64_t>(c.n_kv_heads) * c.head_dim};
+    kv.k.push_back(be.alloc(be.act_dtype(), s));
+    kv.v.push_back(be.alloc(be.act_dtype(), s));
+  }
+  return kv;
+}
+
+size_t KvCache::bytes() const {
+  size_t b = 0;
+  for (auto& t : k) b += t.nbytes();
+  for (auto& t : v) b += t.nbytes();
+  return b;
+}
+
+}  // namespace kiln::model

@@ -1,0 +1,58 @@
+// Building blocks shared by the families: weight lookup, the per-step device inputs, the
+// attention block over the paged cache (projections, optional q/k norms, RoPE, KV write,
+// attention, output projection) and the gated MLP. A family composes these; it does not copy them.
+#pragma once
+#include <string>
+
+#include "kiln/model/model.h"
+#include "kiln/model/rope.h"
+
+namespace kiln::model {
+
+// A linear layer at `prefix` (prefix.weight, optional prefix.bias; quantized later via prefix.scales/.biases).
+backend::Weight load_linear(const io::WeightSet& w, const std::string& prefix);
+// A norm or other plain vector weight; `required` false returns an empty tensor when absent.
+Tensor load_vector(const io::WeightSet& w, const std::string& name, bool required = true);
+
+// The batch on the device, uploaded once per forward.
+struct StepInputs {
+  Tensor tokens, positions, token_seq, slots, block_tables, logit_rows;  // i32
+  int n_tokens = 0, n_out = 0, n_seqs = 0, max_blocks = 0, max_position = 0;
+};
+StepInputs upload_step(backend::Backend& be, const Batch& b);
+
+struct AttentionWeights {
+  backend::Weight q, k, v, o;
+  Tensor q_norm, k_norm;  // [head_dim] each, empty when the family has none
+};
+
+struct AttentionOptions {
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  int window = 0;
+  bool norm_one_plus = false;  // q/k norms use (1 + w) (gemma3)
+  double norm_eps = 1e-6;
+  Tensor inv_freq;             // f32 [rotary_dim / 2] on the device
+  float rope_attn_factor = 1.0f;
+};
+
+// out [n_tokens, dim] = o_proj(attention(rope(q), rope(k), v)) for layer `layer`; x is the normed input.
+void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,
+                     const Tensor& x, const StepInputs& in, Tensor& k_cache, Tensor& v_cache, int block_size, Tensor& out);
+
+struct MlpWeights {
+  backend::Weight gate, up, down;
+};
+// out [n_tokens, dim] = down(act(gate(x)) * up(x)).
+void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation act, const Tensor& x, Tensor& out);
+
+backend::Activation activation_from_name(const std::string& name, const std::string& where);
+
+// The RoPE table for a layer's config, uploaded to the device.
+struct DeviceRope {
+  Tensor inv_freq;
+  float attn_factor = 1.0f;
+};
+DeviceRope upload_rope(backend::Backend& be, const RopeConfig& r, const ModelConfig& c, int seq_len);
+
+}  // namespace kiln::model

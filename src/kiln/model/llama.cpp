@@ -1,0 +1,133 @@
+// The Llama family: llama (default / linear / dynamic / llama3 / yarn RoPE), mistral (sliding
+// window), qwen2 (q/k/v biases, found by weight presence), qwen3 (per-head q/k RMSNorm) and
+// phi3 (fused qkv_proj and gate_up_proj, split into zero-copy row views at load).
+//   x = embed(tokens); per layer: x += attn(norm(x)); x += mlp(norm(x)); logits = head(norm(x)).
+#include <fmt/format.h>
+
+#include "kiln/model/families.h"
+#include "kiln/model/layers.h"
+
+namespace kiln::model {
+
+namespace {
+
+using backend::Weight;
+
+struct LlamaLayer {
+  Tensor attn_norm, mlp_norm;  // [dim]
+  AttentionWeights attn;
+  MlpWeights mlp;
+  int window = 0;
+};
+
+class Llama final : public Model {
+ public:
+  Llama(const ModelConfig& c, const io::WeightSet& ws, backend::Backend& be) : Model(c, be) {
+    act_ = activation_from_name(c.hidden_act, "config.json");
+    embed_.w = ws.get("model.embed_tokens.weight");
+    if (embed_.w.ndim() != 2 || embed_.w.dim(1) != c.dim)
+      fail("weights", "model.embed_tokens.weight has shape {}; config.json says hidden_size {}", shape_str(embed_.w.shape), c.dim);
+    final_norm_ = load_vector(ws, "model.norm.weight");
+    if (ws.has("lm_head.weight") && !c.tie_word_embeddings) head_ = load_linear(ws, "lm_head");
+    else head_ = embed_;
+    const int64_t q_out = static_cast<int64_t>(c.n_heads) * c.head_dim, kv_out = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+    for (int i = 0; i < c.n_layers; ++i) {
+      std::string p = fmt::format("model.layers.{}.", i);
+      LlamaLayer L;
+      L.attn_norm = load_vector(ws, p + "input_layernorm.weight");
+      L.mlp_norm = load_vector(ws, p + "post_attention_layernorm.weight");
+      if (ws.has(p + "self_attn.qkv_proj.weight")) {  // phi3: rows [q | k | v]
+        Weight qkv = load_linear(ws, p + "self_attn.qkv_proj");
+        check_rows(qkv, q_out + 2 * kv_out, p + "self_attn.qkv_proj.weight");
+        L.attn.q = row_slice(qkv, 0, q_out);
+        L.attn.k = row_slice(qkv, q_out, q_out + kv_out);
+        L.attn.v = row_slice(qkv, q_out + kv_out, q_out + 2 * kv_out);
+      } else {
+        L.attn.q = load_linear(ws, p + "self_attn.q_proj");
+        L.attn.k = load_linear(ws, p + "self_attn.k_proj");
+        L.attn.v = load_linear(ws, p + "self_attn.v_proj");
+        check_rows(L.attn.q, q_out, p + "self_attn.q_proj.weight");
+        check_rows(L.attn.k, kv_out, p + "self_attn.k_proj.weight");
+        check_rows(L.attn.v, kv_out, p + "self_attn.v_proj.weight");
+      }
+      L.attn.o = load_linear(ws, p + "self_attn.o_proj");
+      L.attn.q_norm = load_vector(ws, p + "self_attn.q_norm.weight", false);
+      L.attn.k_norm = load_vector(ws, p + "self_attn.k_norm.weight", false);
+      if (ws.has(p + "mlp.gate_up_proj.weight")) {  // phi3: rows [gate | up]
+        Weight gu = load_linear(ws, p + "mlp.gate_up_proj");
+        int64_t ffn = gu.out_features() / 2;
+        L.mlp.gate = row_slice(gu, 0, ffn);
+        L.mlp.up = row_slice(gu, ffn, 2 * ffn);
+      } else {
+        L.mlp.gate = load_linear(ws, p + "mlp.gate_proj");
+        L.mlp.up = load_linear(ws, p + "mlp.up_proj");
+      }
+      L.mlp.down = load_linear(ws, p + "mlp.down_proj");
+      L.window = c.layer_is_sliding(i) ? c.sliding_window : 0;
+      layers_.push_back(std::move(L));
+    }
+  }
+
+  Tensor forward(const Batch& batch, KvCache& cache) override {
+    backend::Backend& be = *backend_;
+    const ModelConfig& c = config_;
+    StepInputs in = upload_step(be, batch);
+    const int64_t n = in.n_tokens;
+    const DType t = be.act_dtype();
+    DeviceRope rope = upload_rope(be, c.rope, c, in.max_position + 1);
+
+    Tensor x = be.alloc(t, {n, c.dim});    // [n_tokens, dim] the residual stream
+    Tensor h = be.alloc(t, {n, c.dim});    // normed input of a block
+    Tensor y = be.alloc(t, {n, c.dim});    // a block's output
+    be.embedding(embed_, in.tokens, x);
+
+    AttentionOptions ao;
+    ao.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    ao.norm_eps = c.rms_norm_eps;
+    ao.inv_freq = rope.inv_freq;
+    ao.rope_attn_factor = rope.attn_factor;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const LlamaLayer& L = layers_[l];
+      ao.window = L.window;
+      be.rms_norm(x, L.attn_norm, eps, false, h);
+      attention_block(be, c, L.attn, ao, h, in, cache.k[l], cache.v[l], cache.block_size, y);
+      be.add(x, y, x);
+      be.rms_norm(x, L.mlp_norm, eps, false, h);
+      mlp_block(be, L.mlp, act_, h, y);
+      be.add(x, y, x);
+    }
+    // Only the rows that need logits go through the final norm and the head.
+    Tensor last = be.alloc(t, {in.n_out, c.dim});   // [n_out, dim]
+    be.gather_rows(x, in.logit_rows, last);
+    be.rms_norm(last, final_norm_, eps, false, last);
+    Tensor logits = be.alloc(t, {in.n_out, head_.out_features()});  // [n_out, vocab]
+    be.matmul(last, head_, logits);
+    return be.to_host(logits);
+  }
+
+ private:
+  static void check_rows(const Weight& w, int64_t rows, const std::string& name) {
+    if (w.out_features() != rows)
+      fail("weights", "{} has {} rows; config.json implies {}", name, w.out_features(), rows);
+  }
+  static Weight row_slice(const Weight& w, int64_t b, int64_t e) {
+    Weight r;
+    r.w = w.w.slice_rows(b, e);
+    if (!w.bias.empty()) r.bias = w.bias.slice_rows(b, e);
+    return r;
+  }
+
+  backend::Activation act_;
+  Weight embed_, head_;
+  Tensor final_norm_;
+  std::vector<LlamaLayer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> create_llama(const ModelConfig& c, const io::WeightSet& w, backend::Backend& be) {
+  return std::make_unique<Llama>(c, w, be);
+}
+
+}  // namespace kiln::model

@@ -1,0 +1,80 @@
+// Helpers shared by the CPU backend tests: a seeded RNG that prints its seed (KILN_TEST_SEED=<n>
+// replays a run), random tensors of any float dtype, conversions back to floats, and the
+// parameterization over every SIMD level this machine supports.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/backend/cpu/cpu_backend.h"
+
+namespace kiln::backend::cpu::test {
+
+class Rng {
+ public:
+  explicit Rng(const char* what) {
+    const char* e = std::getenv("KILN_TEST_SEED");
+    seed_ = e ? std::strtoull(e, nullptr, 10) : std::random_device{}();
+    std::printf("[seed] %s: KILN_TEST_SEED=%llu\n", what, static_cast<unsigned long long>(seed_));
+    gen_.seed(seed_);
+  }
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
+  int64_t uniform_int(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen_); }
+  std::mt19937_64& gen() { return gen_; }
+
+  // A host tensor of values uniform in [-scale, scale], stored in dtype t (rounded to it).
+  Tensor tensor(DType t, Shape s, float scale = 1.0f) {
+    Tensor r = Tensor::host(t, std::move(s));
+    const int64_t n = r.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      float v = uniform(-scale, scale);
+      switch (t) {
+        case DType::f32: r.ptr<float>()[i] = v; break;
+        case DType::bf16: r.ptr<uint16_t>()[i] = f32_to_bf16(v); break;
+        case DType::f16: r.ptr<uint16_t>()[i] = f32_to_f16(v); break;
+        default: ADD_FAILURE() << "Rng::tensor of " << dtype_name(t);
+      }
+    }
+    return r;
+  }
+
+ private:
+  uint64_t seed_;
+  std::mt19937_64 gen_;
+};
+
+// The values of a float tensor as f32 (exact for bf16/f16).
+inline std::vector<float> to_floats(const Tensor& t) {
+  std::vector<float> r(t.numel());
+  kiln::to_f32(t.data, t.dtype, r.data(), t.numel());
+  return r;
+}
+
+inline void fill_nan(Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+}
+
+inline std::vector<SimdLevel> available_levels() {
+  std::vector<SimdLevel> r;
+  for (SimdLevel l : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512})
+    if (static_cast<int>(l) <= static_cast<int>(best_simd_level())) r.push_back(l);
+  return r;
+}
+
+inline std::string level_name(const ::testing::TestParamInfo<SimdLevel>& info) { return simd_level_name(info.param); }
+
+class LevelTest : public ::testing::TestWithParam<SimdLevel> {
+ protected:
+  std::unique_ptr<CpuBackend> backend() {
+    auto be = make_cpu_backend_at(GetParam());
+    EXPECT_EQ(be->simd_level(), GetParam());
+    return be;
+  }
+};
+
+}  // namespace kiln::backend::cpu::test
