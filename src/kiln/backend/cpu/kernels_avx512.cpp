@@ -1,6 +1,10 @@
 // AVX-512 (F, BW, VL) kernels (16 f32 lanes), compiled with -mavx512f -mavx512bw -mavx512vl and
 // selected at run time only when the CPU reports them. Same algorithms as AVX2 with twice the
 // lanes; the GEMM register tile is 8 tokens x 32 features (16 of the 32 zmm registers).
+// GCC 12's avx512fintrin.h builds some conversions from _mm512_undefined_*() and warns about it
+// (-Wuninitialized false positives inside the header); the values are fully overwritten.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "kiln/backend/cpu/kernels_simd.h"

@@ -1,0 +1,120 @@
+// `kiln generate` end to end through the binary: the embedded default from an empty folder,
+// a model folder, stdin prompts, seeds, and one-line errors for bad models.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cli_util.h"
+#include "kiln/base/json.h"
+
+using kiln::test::run_kiln;
+namespace fs = std::filesystem;
+
+static const std::string kShared = KILN_SHARED_DIR;
+
+TEST(Generate, EmbeddedDefaultFromEmptyDirPrintsTheStory) {
+  std::string dir = kiln::test::make_temp_dir("kiln-gen-");
+  auto r = run_kiln({"generate", "--max-tokens", "60", "--temp", "0"}, dir);
+  fs::remove_all(dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto ref = kiln::read_json_file(kShared + "/models/stories260K/reference.json");
+  EXPECT_EQ(r.out, ref["bos_greedy_text"].get<std::string>() + "\n");
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily. She loved to play outside in the park.", 0), 0u);
+}
+
+TEST(Generate, ModelFolderAndPromptMatchReference) {
+  auto ref = kiln::read_json_file(kShared + "/models/stories260K/reference.json");
+  auto r = run_kiln({"generate", "--model", kShared + "/models/stories260K", "--prompt", ref["prompt"].get<std::string>(),
+                     "--max-tokens", "100", "--temp", "0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // greedy_text is the decode of prompt + 100 tokens; generate prints only the continuation.
+  std::string full = ref["greedy_text"].get<std::string>(), prompt = ref["prompt"].get<std::string>();
+  EXPECT_EQ(prompt + r.out, full + "\n");
+}
+
+TEST(Generate, PromptFromStdin) {
+  auto a = run_kiln({"generate", "--prompt", "-", "--max-tokens", "20"}, "", "Lily and Tim");
+  auto b = run_kiln({"generate", "--prompt", "Lily and Tim", "--max-tokens", "20"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_FALSE(a.out.empty());
+}
+
+TEST(Generate, SameSeedSameText) {
+  std::vector<std::string> args = {"generate", "--temp", "1.0", "--top-p", "0.9", "--max-tokens", "40", "--seed", "7"};
+  auto a = run_kiln(args), b = run_kiln(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  args.back() = "8";
+  auto c = run_kiln(args);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(Generate, VerboseReportsSpeedAndMemory) {
+  auto r = run_kiln({"generate", "--max-tokens", "10", "--verbose"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Prompt: 1 tokens, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Generation: 10 tokens, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Peak memory: "), std::string::npos) << r.out;
+}
+
+namespace {
+// Copies a model folder into a temp dir so a test can break one file.
+std::string copy_model(const std::string& name) {
+  std::string dir = kiln::test::make_temp_dir("kiln-bad-");
+  fs::copy(kShared + "/models/" + name, dir, fs::copy_options::recursive);
+  for (auto& e : fs::directory_iterator(dir)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+  return dir;
+}
+void expect_one_line_error(const kiln::test::RunResult& r, const std::string& must_contain) {
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.exit_code, 128) << "crashed: " << r.err;
+  EXPECT_NE(r.err.find(must_contain), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+}  // namespace
+
+TEST(GenerateErrors, NonexistentModelPath) {
+  auto r = run_kiln({"generate", "--model", "/nonexistent/model"});
+  expect_one_line_error(r, "/nonexistent/model");
+}
+
+TEST(GenerateErrors, TruncatedSafetensors) {
+  std::string dir = copy_model("stories260K");
+  fs::resize_file(dir + "/model.safetensors", fs::file_size(dir + "/model.safetensors") / 2);
+  expect_one_line_error(run_kiln({"generate", "--model", dir}), "model.safetensors");
+  fs::remove_all(dir);
+}
+
+TEST(GenerateErrors, MissingConfigKey) {
+  std::string dir = copy_model("tiny-llama");
+  auto cfg = kiln::read_json_file(dir + "/config.json");
+  cfg.erase("num_hidden_layers");
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  expect_one_line_error(run_kiln({"generate", "--model", dir}), "num_hidden_layers");
+  fs::remove_all(dir);
+}
+
+TEST(GenerateErrors, UnknownModelType) {
+  std::string dir = copy_model("tiny-llama");
+  auto cfg = kiln::read_json_file(dir + "/config.json");
+  cfg["model_type"] = "transformer9000";
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  expect_one_line_error(run_kiln({"generate", "--model", dir}), "transformer9000");
+  fs::remove_all(dir);
+}
+
+TEST(GenerateErrors, MissingTokenizer) {
+  std::string dir = copy_model("tiny-llama");
+  fs::remove(dir + "/tokenizer.json");
+  expect_one_line_error(run_kiln({"generate", "--model", dir}), "tokenizer");
+  fs::remove_all(dir);
+}
+
+TEST(GenerateErrors, MalformedConfigJson) {
+  std::string dir = copy_model("tiny-llama");
+  std::ofstream(dir + "/config.json") << "{\"model_type\": ";
+  expect_one_line_error(run_kiln({"generate", "--model", dir}), "config.json");
+  fs::remove_all(dir);
+}
