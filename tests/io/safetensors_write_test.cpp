@@ -43,7 +43,9 @@ void expect_same(const Tensor& got, const Tensor& want) {
   EXPECT_EQ(got.dtype, want.dtype);
   EXPECT_EQ(got.shape, want.shape);
   ASSERT_EQ(got.nbytes(), want.nbytes());
-  if (want.nbytes() > 0) EXPECT_EQ(std::memcmp(got.data, want.data, want.nbytes()), 0);
+  if (want.nbytes() > 0) {
+    EXPECT_EQ(std::memcmp(got.data, want.data, want.nbytes()), 0);
+  }
   // Views of misaligned data are copies, so every element load is aligned.
   EXPECT_EQ(reinterpret_cast<uintptr_t>(got.data) % dtype_size(got.dtype), 0u);
 }
@@ -167,10 +169,16 @@ TEST(SafetensorsWrite, ShardedWithIndex) {
       EXPECT_EQ(weight_map[n], file);  // the index agrees with the shard
       order.push_back(n);
     }
-    if (names.size() > 1) EXPECT_LE(sum, max_bytes);
-    if (names.size() == 1 && names[0] == "huge") EXPECT_GT(sum, max_bytes);
+    if (names.size() > 1) {
+      EXPECT_LE(sum, max_bytes);
+    }
+    if (names.size() == 1 && names[0] == "huge") {
+      EXPECT_GT(sum, max_bytes);
+    }
     // Greedy: the next shard's first tensor would not have fit in this one.
-    if (s + 1 < shards.size()) EXPECT_GT(sum + bytes_of[shards[s + 1].second.front()], max_bytes);
+    if (s + 1 < shards.size()) {
+      EXPECT_GT(sum + bytes_of[shards[s + 1].second.front()], max_bytes);
+    }
   }
   std::vector<std::string> given;
   for (const auto& [n, t] : tensors) given.push_back(n);

@@ -26,7 +26,7 @@ Tensor filled(DType d, Shape s, uint8_t v) {
 // Four 400-byte tensors: with max_shard_bytes 800, two shards of two tensors.
 std::vector<std::pair<std::string, Tensor>> four_tensors() {
   std::vector<std::pair<std::string, Tensor>> r;
-  for (int i = 0; i < 4; ++i) r.emplace_back("t" + std::to_string(i), filled(DType::f32, {100}, static_cast<uint8_t>(i + 1)));
+  for (int i = 0; i < 4; ++i) r.emplace_back(fmt::format("t{}", i), filled(DType::f32, {100}, static_cast<uint8_t>(i + 1)));
   return r;
 }
 

@@ -113,9 +113,9 @@ TEST(Reference, Stories260KFromBos) {
 
 class TinyModels : public ::testing::TestWithParam<std::string> {};
 TEST_P(TinyModels, LogitsAndGreedy) { check_model(GetParam(), "input_ids", "logits", "greedy_ids"); }
-INSTANTIATE_TEST_SUITE_P(Llama, TinyModels,
+INSTANTIATE_TEST_SUITE_P(All, TinyModels,
                          ::testing::Values("tiny-llama", "tiny-llama3_rope_scaled", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                                           "tiny-phi3"),
+                                           "tiny-phi3", "tiny-gemma2", "tiny-gemma3_text", "tiny-qwen3_moe", "tiny-mixtral"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (auto& c : s)

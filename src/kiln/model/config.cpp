@@ -109,6 +109,23 @@ ModelConfig ModelConfig::from_json(const std::string& config_json, const std::st
     c.rope = j.contains("rope_scaling") && j["rope_scaling"].is_object() ? parse_rope(j["rope_scaling"], theta, where)
                                                                         : parse_rope(Json::object(), theta, where);
   }
+  // transformers 4 Gemma 3: rope_theta for global layers, rope_local_base_freq for sliding ones.
+  if (auto local = json_get<double>(j, "rope_local_base_freq", where); local && c.rope_by_layer_type.empty()) {
+    c.rope_by_layer_type["full_attention"] = c.rope;
+    RopeConfig l;
+    l.theta = *local;
+    c.rope_by_layer_type["sliding_attention"] = l;
+  }
+  // Older configs give the sliding pattern instead of layer_types: gemma2 alternates (even
+  // layers slide); gemma3 slides except every sliding_window_pattern-th layer.
+  if (c.layer_types.empty() && c.sliding_window > 0) {
+    auto pattern = json_get<int>(j, "sliding_window_pattern", where);
+    if (!pattern) pattern = json_get<int>(j, "_sliding_window_pattern", where);
+    if (c.model_type == "gemma2") pattern = 2;
+    if (pattern && *pattern > 0)
+      for (int i = 0; i < c.n_layers; ++i)
+        c.layer_types.push_back((i + 1) % *pattern == 0 ? "full_attention" : "sliding_attention");
+  }
   if (top_partial.is_number()) {
     c.rope.partial_rotary_factor = top_partial.get<double>();
     for (auto& [k, r] : c.rope_by_layer_type) r.partial_rotary_factor = top_partial.get<double>();

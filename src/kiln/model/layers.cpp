@@ -101,6 +101,66 @@ void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation ac
   be.matmul(gate, w.down, out);
 }
 
+float round_to_model_dtype(float v, const ModelConfig& c) {
+  if (c.dtype == "bfloat16") return bf16_to_f32(f32_to_bf16(v));
+  if (c.dtype == "float16") return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+static void check_rows(const Weight& w, int64_t rows, const std::string& name) {
+  if (w.out_features() != rows) fail("weights", "{} has {} rows; config.json implies {}", name, w.out_features(), rows);
+}
+
+static Weight row_slice(const Weight& w, int64_t b, int64_t e) {
+  Weight r;
+  r.w = w.w.slice_rows(b, e);
+  if (!w.bias.empty()) r.bias = w.bias.slice_rows(b, e);
+  return r;
+}
+
+AttentionWeights load_attention(const io::WeightSet& ws, const std::string& p, const ModelConfig& c) {
+  const int64_t q_out = static_cast<int64_t>(c.n_heads) * c.head_dim, kv_out = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  AttentionWeights a;
+  if (ws.has(p + "qkv_proj.weight")) {  // phi3: rows [q | k | v]
+    Weight qkv = load_linear(ws, p + "qkv_proj");
+    check_rows(qkv, q_out + 2 * kv_out, p + "qkv_proj.weight");
+    a.q = row_slice(qkv, 0, q_out);
+    a.k = row_slice(qkv, q_out, q_out + kv_out);
+    a.v = row_slice(qkv, q_out + kv_out, q_out + 2 * kv_out);
+  } else {
+    a.q = load_linear(ws, p + "q_proj");
+    a.k = load_linear(ws, p + "k_proj");
+    a.v = load_linear(ws, p + "v_proj");
+    check_rows(a.q, q_out, p + "q_proj.weight");
+    check_rows(a.k, kv_out, p + "k_proj.weight");
+    check_rows(a.v, kv_out, p + "v_proj.weight");
+  }
+  a.o = load_linear(ws, p + "o_proj");
+  a.q_norm = load_vector(ws, p + "q_norm.weight", false);
+  a.k_norm = load_vector(ws, p + "k_norm.weight", false);
+  return a;
+}
+
+MlpWeights load_mlp(const io::WeightSet& ws, const std::string& p) {
+  MlpWeights m;
+  if (ws.has(p + "gate_up_proj.weight")) {  // phi3: rows [gate | up]
+    Weight gu = load_linear(ws, p + "gate_up_proj");
+    int64_t ffn = gu.out_features() / 2;
+    m.gate = row_slice(gu, 0, ffn);
+    m.up = row_slice(gu, ffn, 2 * ffn);
+    m.down = load_linear(ws, p + "down_proj");
+  } else if (ws.has(p + "w1.weight")) {  // mixtral experts
+    m.gate = load_linear(ws, p + "w1");
+    m.up = load_linear(ws, p + "w3");
+    m.down = load_linear(ws, p + "w2");
+  } else {
+    m.gate = load_linear(ws, p + "gate_proj");
+    m.up = load_linear(ws, p + "up_proj");
+    m.down = load_linear(ws, p + "down_proj");
+  }
+  return m;
+}
+
 backend::Activation activation_from_name(const std::string& name, const std::string& where) {
   if (name == "silu" || name == "swish") return backend::Activation::silu;
   if (name == "gelu_pytorch_tanh" || name == "gelu_new" || name == "gelu_fast") return backend::Activation::gelu_tanh;
@@ -113,13 +173,7 @@ DeviceRope upload_rope(backend::Backend& be, const RopeConfig& r, const ModelCon
   Tensor h = Tensor::host(DType::f32, {static_cast<int64_t>(t.inv_freq.size())});
   // transformers keeps inv_freq as a buffer in the checkpoint's dtype, so a bf16/f16 model rotates
   // by rounded frequencies; round the same way to match it (the difference is ~1e-4 of the logits).
-  DType stored = c.dtype == "bfloat16" ? DType::bf16 : c.dtype == "float16" ? DType::f16 : DType::f32;
-  for (size_t i = 0; i < t.inv_freq.size(); ++i) {
-    float f = t.inv_freq[i];
-    if (stored == DType::bf16) f = bf16_to_f32(f32_to_bf16(f));
-    else if (stored == DType::f16) f = f16_to_f32(f32_to_f16(f));
-    h.ptr<float>()[i] = f;
-  }
+  for (size_t i = 0; i < t.inv_freq.size(); ++i) h.ptr<float>()[i] = round_to_model_dtype(t.inv_freq[i], c);
   return {be.upload(h), t.attn_factor};
 }
 

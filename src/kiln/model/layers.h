@@ -40,11 +40,22 @@ struct AttentionOptions {
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,
                      const Tensor& x, const StepInputs& in, Tensor& k_cache, Tensor& v_cache, int block_size, Tensor& out);
 
+// q/k/v/o at PREFIX (PREFIX.q_proj ... or phi3's fused PREFIX.qkv_proj, split into row views),
+// plus optional q_norm/k_norm; row counts checked against the config.
+AttentionWeights load_attention(const io::WeightSet& ws, const std::string& prefix, const ModelConfig& c);
+
 struct MlpWeights {
   backend::Weight gate, up, down;
 };
+// gate/up/down at PREFIX (gate_proj/up_proj/down_proj, or phi3's fused gate_up_proj), or with
+// Mixtral's names (w1 = gate, w3 = up, w2 = down).
+MlpWeights load_mlp(const io::WeightSet& ws, const std::string& prefix);
 // out [n_tokens, dim] = down(act(gate(x)) * up(x)).
 void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation act, const Tensor& x, Tensor& out);
+
+// Rounds v to the precision of the checkpoint dtype ("bfloat16"/"float16"), as transformers does
+// for constants it keeps as tensors of the model dtype (embedding scales, inv_freq buffers).
+float round_to_model_dtype(float v, const ModelConfig& c);
 
 backend::Activation activation_from_name(const std::string& name, const std::string& where);
 

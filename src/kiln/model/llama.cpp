@@ -1,11 +1,15 @@
 // The Llama family: llama (default / linear / dynamic / llama3 / yarn RoPE), mistral (sliding
 // window), qwen2 (q/k/v biases, found by weight presence), qwen3 (per-head q/k RMSNorm) and
-// phi3 (fused qkv_proj and gate_up_proj, split into zero-copy row views at load).
+// phi3 (fused qkv_proj and gate_up_proj, split into zero-copy row views at load), and the MoE
+// variants qwen3_moe and mixtral (a sparse MoE block in place of the MLP; see moe.h).
 //   x = embed(tokens); per layer: x += attn(norm(x)); x += mlp(norm(x)); logits = head(norm(x)).
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "kiln/model/families.h"
 #include "kiln/model/layers.h"
+#include "kiln/model/moe.h"
 
 namespace kiln::model {
 
@@ -17,6 +21,7 @@ struct LlamaLayer {
   Tensor attn_norm, mlp_norm;  // [dim]
   AttentionWeights attn;
   MlpWeights mlp;
+  std::optional<MoeWeights> moe;  // replaces mlp on sparse layers
   int window = 0;
 };
 
@@ -30,39 +35,15 @@ class Llama final : public Model {
     final_norm_ = load_vector(ws, "model.norm.weight");
     if (ws.has("lm_head.weight") && !c.tie_word_embeddings) head_ = load_linear(ws, "lm_head");
     else head_ = embed_;
-    const int64_t q_out = static_cast<int64_t>(c.n_heads) * c.head_dim, kv_out = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
     for (int i = 0; i < c.n_layers; ++i) {
       std::string p = fmt::format("model.layers.{}.", i);
       LlamaLayer L;
       L.attn_norm = load_vector(ws, p + "input_layernorm.weight");
       L.mlp_norm = load_vector(ws, p + "post_attention_layernorm.weight");
-      if (ws.has(p + "self_attn.qkv_proj.weight")) {  // phi3: rows [q | k | v]
-        Weight qkv = load_linear(ws, p + "self_attn.qkv_proj");
-        check_rows(qkv, q_out + 2 * kv_out, p + "self_attn.qkv_proj.weight");
-        L.attn.q = row_slice(qkv, 0, q_out);
-        L.attn.k = row_slice(qkv, q_out, q_out + kv_out);
-        L.attn.v = row_slice(qkv, q_out + kv_out, q_out + 2 * kv_out);
-      } else {
-        L.attn.q = load_linear(ws, p + "self_attn.q_proj");
-        L.attn.k = load_linear(ws, p + "self_attn.k_proj");
-        L.attn.v = load_linear(ws, p + "self_attn.v_proj");
-        check_rows(L.attn.q, q_out, p + "self_attn.q_proj.weight");
-        check_rows(L.attn.k, kv_out, p + "self_attn.k_proj.weight");
-        check_rows(L.attn.v, kv_out, p + "self_attn.v_proj.weight");
-      }
-      L.attn.o = load_linear(ws, p + "self_attn.o_proj");
-      L.attn.q_norm = load_vector(ws, p + "self_attn.q_norm.weight", false);
-      L.attn.k_norm = load_vector(ws, p + "self_attn.k_norm.weight", false);
-      if (ws.has(p + "mlp.gate_up_proj.weight")) {  // phi3: rows [gate | up]
-        Weight gu = load_linear(ws, p + "mlp.gate_up_proj");
-        int64_t ffn = gu.out_features() / 2;
-        L.mlp.gate = row_slice(gu, 0, ffn);
-        L.mlp.up = row_slice(gu, ffn, 2 * ffn);
-      } else {
-        L.mlp.gate = load_linear(ws, p + "mlp.gate_proj");
-        L.mlp.up = load_linear(ws, p + "mlp.up_proj");
-      }
-      L.mlp.down = load_linear(ws, p + "mlp.down_proj");
+      L.attn = load_attention(ws, p + "self_attn.", c);
+      if (ws.has(p + "block_sparse_moe.gate.weight")) L.moe = load_moe(ws, p + "block_sparse_moe.", c);
+      else if (ws.has(p + "mlp.gate.weight")) L.moe = load_moe(ws, p + "mlp.", c);
+      else L.mlp = load_mlp(ws, p + "mlp.");
       L.window = c.layer_is_sliding(i) ? c.sliding_window : 0;
       layers_.push_back(std::move(L));
     }
@@ -94,7 +75,8 @@ class Llama final : public Model {
       attention_block(be, c, L.attn, ao, h, in, cache.k[l], cache.v[l], cache.block_size, y);
       be.add(x, y, x);
       be.rms_norm(x, L.mlp_norm, eps, false, h);
-      mlp_block(be, L.mlp, act_, h, y);
+      if (L.moe) moe_block(be, *L.moe, act_, h, y);
+      else mlp_block(be, L.mlp, act_, h, y);
       be.add(x, y, x);
     }
     // Only the rows that need logits go through the final norm and the head.
@@ -107,17 +89,6 @@ class Llama final : public Model {
   }
 
  private:
-  static void check_rows(const Weight& w, int64_t rows, const std::string& name) {
-    if (w.out_features() != rows)
-      fail("weights", "{} has {} rows; config.json implies {}", name, w.out_features(), rows);
-  }
-  static Weight row_slice(const Weight& w, int64_t b, int64_t e) {
-    Weight r;
-    r.w = w.w.slice_rows(b, e);
-    if (!w.bias.empty()) r.bias = w.bias.slice_rows(b, e);
-    return r;
-  }
-
   backend::Activation act_;
   Weight embed_, head_;
   Tensor final_norm_;

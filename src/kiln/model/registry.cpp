@@ -13,6 +13,11 @@ static const std::map<std::string, ModelFactory>& registry() {
       {"qwen2", create_llama},
       {"qwen3", create_llama},
       {"phi3", create_llama},
+      {"qwen3_moe", create_llama},
+      {"mixtral", create_llama},
+      {"gemma", create_gemma},
+      {"gemma2", create_gemma},
+      {"gemma3_text", create_gemma},
   };
   return r;
 }

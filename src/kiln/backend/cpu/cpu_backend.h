@@ -48,6 +48,7 @@ class CpuBackend final : public Backend {
   void scale(Tensor& x, float s) override;
   void softcap(Tensor& x, float cap) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) override;  // moe_ops.cpp
 
  private:
   const Kernels& k_;

@@ -98,23 +98,24 @@ void mul_scaled_simd(const float* x, const float* w, float s, float* y, int64_t 
   for (; i < n; ++i) y[i] = (x[i] * s) * w[i];
 }
 
-// ---- GEMV: one weight row against NT (1..4) tokens; each weight vector is loaded (and converted)
-// once and multiplied into every token's accumulators. U independent chains per token.
+// ---- GEMV: one weight row against NT (1..4) tokens over k in [0, kn); each weight vector is
+// loaded (and converted) once and multiplied into every token's accumulators, U independent FMA
+// chains per token. Adds the partial dot products into y[t * y_stride].
 template <class S, DType WT, int NT>
-inline void gemv_row(const float* x, int64_t x_stride, const void* row, int64_t in, float* y, int64_t y_stride) {
+inline void gemv_row(const float* x, int64_t x_stride, const void* row, int64_t kn, float* y, int64_t y_stride) {
   using V = typename S::V;
   constexpr int U = NT == 1 ? 4 : NT == 2 ? 3 : 2;
   V acc[NT][U];
   for (int t = 0; t < NT; ++t)
     for (int u = 0; u < U; ++u) acc[t][u] = S::zero();
   int64_t k = 0;
-  for (; k + U * S::W <= in; k += U * S::W) {
+  for (; k + U * S::W <= kn; k += U * S::W) {
     V w[U];
     for (int u = 0; u < U; ++u) w[u] = loadw<S, WT>(row, k + u * S::W);
     for (int t = 0; t < NT; ++t)
       for (int u = 0; u < U; ++u) acc[t][u] = S::fma(S::load(x + t * x_stride + k + u * S::W), w[u], acc[t][u]);
   }
-  for (; k + S::W <= in; k += S::W) {
+  for (; k + S::W <= kn; k += S::W) {
     V w = loadw<S, WT>(row, k);
     for (int t = 0; t < NT; ++t) acc[t][0] = S::fma(S::load(x + t * x_stride + k), w, acc[t][0]);
   }
@@ -122,25 +123,37 @@ inline void gemv_row(const float* x, int64_t x_stride, const void* row, int64_t 
     V s = acc[t][0];
     for (int u = 1; u < U; ++u) s = S::add(s, acc[t][u]);
     float r = S::hsum(s);
-    for (int64_t kk = k; kk < in; ++kk) r += x[t * x_stride + kk] * load1<WT>(row, kk);
-    y[t * y_stride] = r;
+    for (int64_t kk = k; kk < kn; ++kk) r += x[t * x_stride + kk] * load1<WT>(row, kk);
+    y[t * y_stride] += r;
   }
 }
 
+// Rows [r0, r1) in blocks of kRowBlock; within a block, k runs in chunks sized so the chunk of the
+// (up to 4) token rows of x stays in L1 (24 KiB) while the block's weight rows stream past it.
+// With one token and in <= 6144 this is one chunk: each weight row is read once, start to end.
 template <class S, DType WT>
 void gemv_t(const float* x, int64_t n_x, int64_t x_stride, const void* w, int64_t in, int64_t r0, int64_t r1,
             float* y, int64_t y_stride) {
-  constexpr int64_t esz = WT == DType::f32 ? 4 : 2;
-  for (int64_t r = r0; r < r1; ++r) {
-    const void* row = static_cast<const char*>(w) + r * in * esz;
-    for (int64_t t0 = 0; t0 < n_x; t0 += 4) {
-      const float* xt = x + t0 * x_stride;
-      float* yt = y + t0 * y_stride + r;
-      switch (min64(4, n_x - t0)) {
-        case 1: gemv_row<S, WT, 1>(xt, x_stride, row, in, yt, y_stride); break;
-        case 2: gemv_row<S, WT, 2>(xt, x_stride, row, in, yt, y_stride); break;
-        case 3: gemv_row<S, WT, 3>(xt, x_stride, row, in, yt, y_stride); break;
-        default: gemv_row<S, WT, 4>(xt, x_stride, row, in, yt, y_stride); break;
+  constexpr int64_t esz = WT == DType::f32 ? 4 : 2, kRowBlock = 16;
+  const int64_t kc_max = (24 * 1024 / 4 / min64(4, n_x)) / (4 * S::W) * (4 * S::W);
+  for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
+    const int64_t re = min64(r1, rb + kRowBlock);
+    for (int64_t t = 0; t < n_x; ++t)
+      for (int64_t r = rb; r < re; ++r) y[t * y_stride + r] = 0.0f;
+    for (int64_t k0 = 0; k0 < in; k0 += kc_max) {
+      const int64_t kn = min64(kc_max, in - k0);
+      for (int64_t r = rb; r < re; ++r) {
+        const void* row = static_cast<const char*>(w) + (r * in + k0) * esz;
+        for (int64_t t0 = 0; t0 < n_x; t0 += 4) {
+          const float* xt = x + t0 * x_stride + k0;
+          float* yt = y + t0 * y_stride + r;
+          switch (min64(4, n_x - t0)) {
+            case 1: gemv_row<S, WT, 1>(xt, x_stride, row, kn, yt, y_stride); break;
+            case 2: gemv_row<S, WT, 2>(xt, x_stride, row, kn, yt, y_stride); break;
+            case 3: gemv_row<S, WT, 3>(xt, x_stride, row, kn, yt, y_stride); break;
+            default: gemv_row<S, WT, 4>(xt, x_stride, row, kn, yt, y_stride); break;
+          }
+        }
       }
     }
   }

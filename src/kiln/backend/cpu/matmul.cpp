@@ -31,10 +31,12 @@ void gemm(const Kernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t
       for (int64_t k0 = 0; k0 < in; k0 += kKc) {
         const int64_t kc = std::min(kKc, in - k0);
         k.gemm_pack(w, wt, in, r0, n_rows, k0, kc, packed.data());
-        for (int64_t m0 = 0; m0 < n; m0 += mr) {
-          const int64_t mc = std::min(mr, n - m0);
-          for (int64_t p = 0; p < n_panels; ++p) {
-            const int64_t nc = std::min(nr, n_rows - p * nr);
+        // Panel outer, tokens inner: the panel (kc x nr floats, <= 32 KiB) stays in L1 while the
+        // x rows (mr x kc) stream from L2.
+        for (int64_t p = 0; p < n_panels; ++p) {
+          const int64_t nc = std::min(nr, n_rows - p * nr);
+          for (int64_t m0 = 0; m0 < n; m0 += mr) {
+            const int64_t mc = std::min(mr, n - m0);
             k.gemm_micro(x + m0 * in + k0, in, mc, packed.data() + p * kc * nr, kc, y + m0 * out + r0 + p * nr, out,
                          nc, k0 > 0);
           }

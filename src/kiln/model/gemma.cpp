@@ -1,0 +1,123 @@
+// The Gemma family: gemma, gemma2, gemma3_text. Differences from Llama, all read from the config
+// or the weights: (1 + w) RMSNorms, embeddings scaled by sqrt(hidden_size) in the model dtype,
+// attention scale query_pre_attn_scalar^-0.5, norms after attention and MLP too (gemma2/3),
+// attention-logit and final-logit softcapping (gemma2), sliding-window layers by layer_types,
+// per-head q/k norms and local/global RoPE bases (gemma3), GeGLU with tanh-GELU.
+//   x = embed(tokens) * sqrt(dim)
+//   per layer: x += post_attn_norm(attn(norm(x))); x += post_ffw_norm(mlp(pre_ffw_norm(x)))
+//   logits = softcap(head(norm(x)))
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kiln/model/families.h"
+#include "kiln/model/layers.h"
+
+namespace kiln::model {
+
+namespace {
+
+struct GemmaLayer {
+  Tensor attn_norm, post_attn_norm, mlp_norm, post_mlp_norm;  // [dim]; post norms empty on gemma 1
+  AttentionWeights attn;
+  MlpWeights mlp;
+  int window = 0;
+  int rope = 0;  // index into ropes_ (gemma3 local/global)
+};
+
+class Gemma final : public Model {
+ public:
+  Gemma(const ModelConfig& c, const io::WeightSet& ws, backend::Backend& be) : Model(c, be) {
+    act_ = activation_from_name(c.hidden_act, "config.json");
+    embed_.w = ws.get("model.embed_tokens.weight");
+    if (embed_.w.ndim() != 2 || embed_.w.dim(1) != c.dim)
+      fail("weights", "model.embed_tokens.weight has shape {}; config.json says hidden_size {}", shape_str(embed_.w.shape), c.dim);
+    head_ = ws.has("lm_head.weight") && !c.tie_word_embeddings ? load_linear(ws, "lm_head") : embed_;
+    final_norm_ = load_vector(ws, "model.norm.weight");
+    embed_scale_ = round_to_model_dtype(std::sqrt(static_cast<float>(c.dim)), c);
+    double pre_attn = json_get<double>(c.raw, "query_pre_attn_scalar", "config.json").value_or(c.head_dim);
+    attn_scale_ = static_cast<float>(1.0 / std::sqrt(pre_attn));
+    attn_softcap_ = static_cast<float>(json_get<double>(c.raw, "attn_logit_softcapping", "config.json").value_or(0.0));
+    final_softcap_ = static_cast<float>(json_get<double>(c.raw, "final_logit_softcapping", "config.json").value_or(0.0));
+    for (int i = 0; i < c.n_layers; ++i) {
+      std::string p = fmt::format("model.layers.{}.", i);
+      GemmaLayer L;
+      L.attn_norm = load_vector(ws, p + "input_layernorm.weight");
+      L.post_attn_norm = load_vector(ws, p + "post_attention_layernorm.weight");
+      L.mlp_norm = load_vector(ws, p + "pre_feedforward_layernorm.weight", false);
+      L.post_mlp_norm = load_vector(ws, p + "post_feedforward_layernorm.weight", false);
+      if (L.mlp_norm.empty()) {  // gemma 1: post_attention_layernorm is the MLP's pre-norm
+        L.mlp_norm = L.post_attn_norm;
+        L.post_attn_norm = {};
+      }
+      L.attn = load_attention(ws, p + "self_attn.", c);
+      L.mlp = load_mlp(ws, p + "mlp.");
+      L.window = c.layer_is_sliding(i) ? c.sliding_window : 0;
+      const RopeConfig* r = &c.rope_for_layer(i);
+      auto it = std::find(rope_cfgs_.begin(), rope_cfgs_.end(), r);
+      L.rope = static_cast<int>(it - rope_cfgs_.begin());
+      if (it == rope_cfgs_.end()) rope_cfgs_.push_back(r);
+      layers_.push_back(std::move(L));
+    }
+  }
+
+  Tensor forward(const Batch& batch, KvCache& cache) override {
+    backend::Backend& be = *backend_;
+    const ModelConfig& c = config_;
+    StepInputs in = upload_step(be, batch);
+    const int64_t n = in.n_tokens;
+    const DType t = be.act_dtype();
+    std::vector<DeviceRope> ropes;
+    for (const RopeConfig* r : rope_cfgs_) ropes.push_back(upload_rope(be, *r, c, in.max_position + 1));
+
+    Tensor x = be.alloc(t, {n, c.dim});  // [n_tokens, dim] the residual stream
+    Tensor h = be.alloc(t, {n, c.dim});
+    Tensor y = be.alloc(t, {n, c.dim});
+    be.embedding(embed_, in.tokens, x);
+    be.scale(x, embed_scale_);
+
+    AttentionOptions ao;
+    ao.scale = attn_scale_;
+    ao.softcap = attn_softcap_;
+    ao.norm_one_plus = true;
+    ao.norm_eps = c.rms_norm_eps;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    for (const GemmaLayer& L : layers_) {
+      ao.window = L.window;
+      ao.inv_freq = ropes[L.rope].inv_freq;
+      ao.rope_attn_factor = ropes[L.rope].attn_factor;
+      be.rms_norm(x, L.attn_norm, eps, true, h);
+      attention_block(be, c, L.attn, ao, h, in, cache.k[&L - layers_.data()], cache.v[&L - layers_.data()], cache.block_size, y);
+      if (!L.post_attn_norm.empty()) be.rms_norm(y, L.post_attn_norm, eps, true, y);
+      be.add(x, y, x);
+      be.rms_norm(x, L.mlp_norm, eps, true, h);
+      mlp_block(be, L.mlp, act_, h, y);
+      if (!L.post_mlp_norm.empty()) be.rms_norm(y, L.post_mlp_norm, eps, true, y);
+      be.add(x, y, x);
+    }
+    Tensor last = be.alloc(t, {in.n_out, c.dim});  // [n_out, dim]
+    be.gather_rows(x, in.logit_rows, last);
+    be.rms_norm(last, final_norm_, eps, true, last);
+    Tensor logits = be.alloc(t, {in.n_out, head_.out_features()});  // [n_out, vocab]
+    be.matmul(last, head_, logits);
+    if (final_softcap_ > 0) be.softcap(logits, final_softcap_);
+    return be.to_host(logits);
+  }
+
+ private:
+  backend::Activation act_;
+  backend::Weight embed_, head_;
+  Tensor final_norm_;
+  float embed_scale_ = 1, attn_scale_ = 1, attn_softcap_ = 0, final_softcap_ = 0;
+  std::vector<const RopeConfig*> rope_cfgs_;  // distinct RoPE configs (points into config_)
+  std::vector<GemmaLayer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> create_gemma(const ModelConfig& c, const io::WeightSet& w, backend::Backend& be) {
+  return std::make_unique<Gemma>(c, w, be);
+}
+
+}  // namespace kiln::model
