@@ -106,7 +106,9 @@ int main(int argc, char** argv) {
     }) / n_cold;
     std::printf("gemv 4096x4096 bfloat16 cold: %7.3f ms  %6.1f GB/s of weight (%d distinct weights)\n", tc * 1e3,
                 w_bytes / tc / 1e9, n_cold);
-    for (int64_t n : {4, 16, 128}) {
+    // Token counts around the GEMV -> GEMM switch (cpu::kGemmMinTokens) and prefill chunk sizes.
+    const std::vector<int64_t> ns = quick ? std::vector<int64_t>{4, 16, 128} : std::vector<int64_t>{4, 11, 12, 16, 128, 512};
+    for (int64_t n : ns) {
       if (level == cpu::SimdLevel::scalar && n > 16) continue;  // minutes at scalar speed
       Tensor x = filled(DType::f32, {n, dim}, pool), y = be->alloc(DType::f32, {n, dim});
       double t = best_of(quick ? 2 : 3, [&] { be->matmul(x, cold[0], y); });

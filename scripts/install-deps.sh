@@ -3,7 +3,7 @@
 # and the npm packages of the server end-to-end tests when a tests/e2e folder exists.
 set -euo pipefail
 PKGS=(cmake g++ make pkg-config git
-      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libpcre2-dev
+      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
       libopenblas-dev libsqlite3-dev libcurl4-openssl-dev libxxhash-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       clang libclang-rt-14-dev)

@@ -22,9 +22,111 @@ struct Seq {
   int64_t n_query;   // this step's tokens: positions [len - n_query, len)
 };
 
+// Builds the cache for `seqs` through kv_write, runs attention for every sequence's query tokens
+// and compares each output with a double-precision softmax over the visible keys.
+void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, int n_kv_heads, int gqa, int head_dim,
+                     int window, float softcap, int block_size) {
+  Backend* be = &backend;
+  AttnParams p;
+  p.n_kv_heads = n_kv_heads;
+  p.n_heads = p.n_kv_heads * gqa;
+  p.head_dim = head_dim;
+  p.scale = 1.3f / std::sqrt(float(head_dim));
+  p.softcap = softcap;
+  p.window = window;
+  p.block_size = block_size;
+  const int64_t kv_width = int64_t{p.n_kv_heads} * head_dim, q_width = int64_t{p.n_heads} * head_dim;
+
+  // Block tables: a random permutation of the cache's blocks (plus spare blocks nobody owns),
+  // unused entries -1.
+  int64_t need = 0, max_blocks = 0;
+  for (const Seq& s : seqs) {
+    need += (s.len + block_size - 1) / block_size;
+    max_blocks = std::max(max_blocks, (s.len + block_size - 1) / block_size);
+  }
+  p.max_blocks = static_cast<int>(max_blocks + 1);
+  const int64_t n_blocks = need + 3;
+  std::vector<int32_t> perm(n_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng.gen());
+  Tensor tables = Tensor::host(DType::i32, {int64_t(seqs.size()) * p.max_blocks});
+  std::fill(tables.ptr<int32_t>(), tables.ptr<int32_t>() + tables.numel(), -1);
+  int64_t next = 0;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t b = 0; b < (seqs[s].len + block_size - 1) / block_size; ++b)
+      tables.ptr<int32_t>()[s * p.max_blocks + b] = perm[next++];
+
+  // The cache starts as NaN: reading any row that was not written poisons the output.
+  Tensor k_cache = be->alloc(DType::f32, {n_blocks, block_size, kv_width});
+  Tensor v_cache = be->alloc(DType::f32, {n_blocks, block_size, kv_width});
+  test::fill_nan(k_cache);
+  test::fill_nan(v_cache);
+
+  // Every sequence's K/V for positions [0, len), written in one kv_write call.
+  int64_t total = 0;
+  for (const Seq& s : seqs) total += s.len;
+  Tensor k_all = rng.tensor(DType::f32, {total, kv_width}), v_all = rng.tensor(DType::f32, {total, kv_width});
+  Tensor slots = Tensor::host(DType::i32, {total});
+  std::vector<int64_t> base(seqs.size());  // row of (seq s, pos 0) in k_all
+  for (int64_t s = 0, r = 0; s < int64_t(seqs.size()); ++s) {
+    base[s] = r;
+    for (int64_t j = 0; j < seqs[s].len; ++j, ++r)
+      slots.ptr<int32_t>()[r] = tables.ptr<int32_t>()[s * p.max_blocks + j / block_size] * block_size +
+                                j % block_size;
+  }
+  be->kv_write(k_all, v_all, slots, k_cache, v_cache);
+
+  // The ragged batch: each sequence's query tokens.
+  std::vector<int32_t> tseq, tpos;
+  for (int64_t s = 0; s < int64_t(seqs.size()); ++s)
+    for (int64_t j = seqs[s].len - seqs[s].n_query; j < seqs[s].len; ++j) {
+      tseq.push_back(static_cast<int32_t>(s));
+      tpos.push_back(static_cast<int32_t>(j));
+    }
+  const int64_t n = int64_t(tseq.size());
+  Tensor token_seq = Tensor::host(DType::i32, {n}), token_pos = Tensor::host(DType::i32, {n});
+  std::copy(tseq.begin(), tseq.end(), token_seq.ptr<int32_t>());
+  std::copy(tpos.begin(), tpos.end(), token_pos.ptr<int32_t>());
+  Tensor q = rng.tensor(DType::f32, {n, q_width}, 2.0f);
+  Tensor out = be->alloc(DType::f32, {n, q_width});
+  test::fill_nan(out);
+  be->attention(q, k_cache, v_cache, tables, token_seq, token_pos, p, out);
+
+  const float* K = k_all.ptr<float>();
+  const float* V = v_all.ptr<float>();
+  for (int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < p.n_heads; ++h) {
+      const int kvh = h / gqa;
+      const int64_t hi = tpos[t], lo = window > 0 ? std::max<int64_t>(0, hi - window + 1) : 0;
+      const float* qv = q.ptr<float>() + t * q_width + h * head_dim;
+      std::vector<double> sc;
+      double mx = -1e300;
+      for (int64_t j = lo; j <= hi; ++j) {
+        const float* kv = K + (base[tseq[t]] + j) * kv_width + kvh * head_dim;
+        double d = 0;
+        for (int i = 0; i < head_dim; ++i) d += double(qv[i]) * kv[i];
+        d *= p.scale;
+        if (softcap > 0) d = softcap * std::tanh(d / softcap);
+        sc.push_back(d);
+        mx = std::max(mx, d);
+      }
+      double sum = 0;
+      for (double& d : sc) sum += (d = std::exp(d - mx));
+      for (int i = 0; i < head_dim; ++i) {
+        double ref = 0;
+        for (int64_t j = lo; j <= hi; ++j)
+          ref += sc[j - lo] / sum * V[(base[tseq[t]] + j) * kv_width + kvh * head_dim + i];
+        // a convex combination of |v| <= 1 values: 1e-5 absolute is ~100 f32 ulps of the scale
+        ASSERT_NEAR(out.ptr<float>()[t * q_width + h * head_dim + i], ref, 1e-5)
+            << "token " << t << " head " << h << " dim " << i;
+      }
+    }
+}
+
 TEST_P(CpuAttention, PagedRaggedMatchesReference) {
   Rng rng("CpuAttention.PagedRagged");
   auto be = backend();
+  // first token, decode at 70, full prefill, a prefill chunk, a short chunk: 17 tokens x 2 kv heads
   const std::vector<Seq> seqs = {{1, 1}, {70, 1}, {7, 7}, {33, 5}, {20, 3}};
   for (int gqa : {1, 2, 4})
     for (int head_dim : {8, 16, 64, 128})
@@ -33,101 +135,22 @@ TEST_P(CpuAttention, PagedRaggedMatchesReference) {
           for (int block_size : {4, 16}) {
             SCOPED_TRACE(fmt::format("gqa={} head_dim={} window={} softcap={} block_size={}", gqa, head_dim, window,
                                      softcap, block_size));
-            AttnParams p;
-            p.n_kv_heads = 2;
-            p.n_heads = p.n_kv_heads * gqa;
-            p.head_dim = head_dim;
-            p.scale = 1.3f / std::sqrt(float(head_dim));
-            p.softcap = softcap;
-            p.window = window;
-            p.block_size = block_size;
-            const int64_t kv_width = int64_t{p.n_kv_heads} * head_dim, q_width = int64_t{p.n_heads} * head_dim;
-
-            // Block tables: a random permutation of the cache's blocks (plus spare blocks nobody owns),
-            // unused entries -1.
-            int64_t need = 0, max_blocks = 0;
-            for (const Seq& s : seqs) {
-              need += (s.len + block_size - 1) / block_size;
-              max_blocks = std::max(max_blocks, (s.len + block_size - 1) / block_size);
-            }
-            p.max_blocks = static_cast<int>(max_blocks + 1);
-            const int64_t n_blocks = need + 3;
-            std::vector<int32_t> perm(n_blocks);
-            std::iota(perm.begin(), perm.end(), 0);
-            std::shuffle(perm.begin(), perm.end(), rng.gen());
-            Tensor tables = Tensor::host(DType::i32, {int64_t(seqs.size()) * p.max_blocks});
-            std::fill(tables.ptr<int32_t>(), tables.ptr<int32_t>() + tables.numel(), -1);
-            int64_t next = 0;
-            for (size_t s = 0; s < seqs.size(); ++s)
-              for (int64_t b = 0; b < (seqs[s].len + block_size - 1) / block_size; ++b)
-                tables.ptr<int32_t>()[s * p.max_blocks + b] = perm[next++];
-
-            // The cache starts as NaN: reading any row that was not written poisons the output.
-            Tensor k_cache = be->alloc(DType::f32, {n_blocks, block_size, kv_width});
-            Tensor v_cache = be->alloc(DType::f32, {n_blocks, block_size, kv_width});
-            test::fill_nan(k_cache);
-            test::fill_nan(v_cache);
-
-            // Every sequence's K/V for positions [0, len), written in one kv_write call.
-            int64_t total = 0;
-            for (const Seq& s : seqs) total += s.len;
-            Tensor k_all = rng.tensor(DType::f32, {total, kv_width}), v_all = rng.tensor(DType::f32, {total, kv_width});
-            Tensor slots = Tensor::host(DType::i32, {total});
-            std::vector<int64_t> base(seqs.size());  // row of (seq s, pos 0) in k_all
-            for (int64_t s = 0, r = 0; s < int64_t(seqs.size()); ++s) {
-              base[s] = r;
-              for (int64_t j = 0; j < seqs[s].len; ++j, ++r)
-                slots.ptr<int32_t>()[r] = tables.ptr<int32_t>()[s * p.max_blocks + j / block_size] * block_size +
-                                          j % block_size;
-            }
-            be->kv_write(k_all, v_all, slots, k_cache, v_cache);
-
-            // The ragged batch: each sequence's query tokens.
-            std::vector<int32_t> tseq, tpos;
-            for (int64_t s = 0; s < int64_t(seqs.size()); ++s)
-              for (int64_t j = seqs[s].len - seqs[s].n_query; j < seqs[s].len; ++j) {
-                tseq.push_back(static_cast<int32_t>(s));
-                tpos.push_back(static_cast<int32_t>(j));
-              }
-            const int64_t n = int64_t(tseq.size());
-            Tensor token_seq = Tensor::host(DType::i32, {n}), token_pos = Tensor::host(DType::i32, {n});
-            std::copy(tseq.begin(), tseq.end(), token_seq.ptr<int32_t>());
-            std::copy(tpos.begin(), tpos.end(), token_pos.ptr<int32_t>());
-            Tensor q = rng.tensor(DType::f32, {n, q_width}, 2.0f);
-            Tensor out = be->alloc(DType::f32, {n, q_width});
-            test::fill_nan(out);
-            be->attention(q, k_cache, v_cache, tables, token_seq, token_pos, p, out);
-
-            const float* K = k_all.ptr<float>();
-            const float* V = v_all.ptr<float>();
-            for (int64_t t = 0; t < n; ++t)
-              for (int h = 0; h < p.n_heads; ++h) {
-                const int kvh = h / gqa;
-                const int64_t hi = tpos[t], lo = window > 0 ? std::max<int64_t>(0, hi - window + 1) : 0;
-                const float* qv = q.ptr<float>() + t * q_width + h * head_dim;
-                std::vector<double> sc;
-                double mx = -1e300;
-                for (int64_t j = lo; j <= hi; ++j) {
-                  const float* kv = K + (base[tseq[t]] + j) * kv_width + kvh * head_dim;
-                  double d = 0;
-                  for (int i = 0; i < head_dim; ++i) d += double(qv[i]) * kv[i];
-                  d *= p.scale;
-                  if (softcap > 0) d = softcap * std::tanh(d / softcap);
-                  sc.push_back(d);
-                  mx = std::max(mx, d);
-                }
-                double sum = 0;
-                for (double& d : sc) sum += (d = std::exp(d - mx));
-                for (int i = 0; i < head_dim; ++i) {
-                  double ref = 0;
-                  for (int64_t j = lo; j <= hi; ++j)
-                    ref += sc[j - lo] / sum * V[(base[tseq[t]] + j) * kv_width + kvh * head_dim + i];
-                  // a convex combination of |v| <= 1 values: 1e-5 absolute is ~100 f32 ulps of the scale
-                  ASSERT_NEAR(out.ptr<float>()[t * q_width + h * head_dim + i], ref, 1e-5)
-                      << "token " << t << " head " << h << " dim " << i;
-                }
-              }
+            check_attention(*be, rng, seqs, 2, gqa, head_dim, window, softcap, block_size);
+            if (HasFatalFailure()) return;
           }
+}
+
+// One decode token of a single-kv-head model: too few (token, kv head) pairs to fill the pool, so
+// the heads of the group are spread one per work item (the other path of the driver).
+TEST_P(CpuAttention, SingleTokenDecodeSpreadsHeads) {
+  Rng rng("CpuAttention.SingleToken");
+  auto be = backend();
+  for (int gqa : {1, 4})
+    for (int window : {0, 9}) {
+      SCOPED_TRACE(fmt::format("gqa={} window={}", gqa, window));
+      check_attention(*be, rng, {{45, 1}}, 1, gqa, 64, window, 0.0f, 16);
+      if (HasFatalFailure()) return;
+    }
 }
 
 TEST_P(CpuAttention, KvWriteStoresRowsAndSkipsPadding) {

@@ -4,6 +4,7 @@
 // (cpu_attention_test.cpp). Tolerances are stated per test, relative to the values' magnitude.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -48,9 +49,9 @@ TEST_P(CpuOps, MatmulMatchesReference) {
   auto be = backend();
   struct Case { int64_t n, in, out; };
   // n < 16 takes the GEMV path, n >= 16 the blocked GEMM; in > 256 spans several k-blocks, out > 128
-  // several tiles; odd sizes leave partial panels and partial register tiles.
+  // several tiles, n > 240 several token blocks; odd sizes leave partial panels and register tiles.
   const Case cases[] = {{1, 67, 131}, {3, 67, 131}, {5, 1, 7}, {15, 130, 33}, {16, 67, 131},
-                        {17, 300, 257}, {40, 513, 70}, {7, 1000, 300}, {33, 129, 129}};
+                        {17, 300, 257}, {40, 513, 70}, {7, 1000, 300}, {33, 129, 129}, {250, 70, 45}};
   for (DType wt : {DType::f32, DType::bf16, DType::f16})
     for (const Case& c : cases)
       for (bool with_bias : {false, true}) {
@@ -250,6 +251,32 @@ TEST_P(CpuOps, ElementwiseAndBuffers) {
   EXPECT_EQ(be->to_host(h).data, h.data);
   EXPECT_EQ(be->act_dtype(), DType::f32);
   EXPECT_EQ(be->device(), Device::cpu);
+}
+
+// ---- MoE combine and greedy argmax (moe_ops.cpp, backend_defaults.cpp through the CPU buffers)
+
+TEST_P(CpuOps, ScatterAddRowsAndArgmax) {
+  auto be = backend();
+  Rng rng("CpuOps.ScatterArgmax");
+  const int64_t n = 7, m = 19, d = 67;
+  Tensor src = rng.tensor(DType::f32, {m, d}), dst = rng.tensor(DType::f32, {n, d});
+  Tensor rows = Tensor::host(DType::i32, {m}), w = rng.tensor(DType::f32, {m});
+  for (int64_t i = 0; i < m; ++i) rows.ptr<int32_t>()[i] = static_cast<int32_t>(rng.uniform_int(0, n - 1));
+  rows.ptr<int32_t>()[1] = rows.ptr<int32_t>()[0];  // a repeated row accumulates twice
+  std::vector<double> ref(n * d);
+  for (int64_t i = 0; i < n * d; ++i) ref[i] = dst.ptr<float>()[i];
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < d; ++j)
+      ref[rows.ptr<int32_t>()[i] * d + j] += double(w.ptr<float>()[i]) * src.ptr<float>()[i * d + j];
+  be->scatter_add_rows(src, rows, w, dst);
+  for (int64_t i = 0; i < n * d; ++i) ASSERT_NEAR(dst.ptr<float>()[i], ref[i], 1e-5) << i;
+
+  Tensor ids = be->alloc(DType::i32, {n});
+  be->argmax_rows(dst, ids);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = dst.ptr<float>() + r * d;
+    EXPECT_EQ(ids.ptr<int32_t>()[r], std::max_element(row, row + d) - row) << "row " << r;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, CpuOps, ::testing::ValuesIn(test::available_levels()), test::level_name);

@@ -7,11 +7,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kiln/backend/cpu/cpu_backend.h"
+
+namespace kiln::backend::cpu {
+// gtest prints the level by name in failure messages (found by ADL next to SimdLevel).
+inline void PrintTo(SimdLevel l, std::ostream* os) { *os << simd_level_name(l); }
+}  // namespace kiln::backend::cpu
 
 namespace kiln::backend::cpu::test {
 

@@ -53,6 +53,24 @@ class Backend {
   virtual void fill_zero(Tensor& t) = 0;
   virtual void synchronize() {}
 
+  // ---- step hooks (no-ops on the CPU; the CUDA backend uses them so that a decode step
+  // allocates no device memory and replays as one CUDA graph).
+  // Between begin_step() and end_step(), alloc() hands out per-step buffers from a reusable arena
+  // (freed when the last Tensor holding them goes); outside a step alloc() is a plain allocation
+  // (KV cache, weights). Use StepScope rather than calling these directly.
+  virtual void begin_step() {}
+  virtual void end_step() {}
+  // Ops issued between begin_graph(key) and end_graph() are recorded as a graph the second time a
+  // key is seen and replayed on later steps with that key (the ops' host calls then launch
+  // nothing). The key must name everything that changes the op sequence or its shapes; inputs
+  // read from device buffers (token ids, positions, block tables) may change freely, since the same
+  // allocation sequence puts them at the same addresses. Returns whether graphs are in use.
+  virtual bool begin_graph(uint64_t key) { return false; }
+  virtual void end_graph() {}
+  // A weight (host tensor, e.g. from the mmap) that ops will be given: the CUDA backend copies it
+  // to device memory once, here at load rather than at first use. No-op on the CPU.
+  virtual void prefetch_weight(const Tensor& host) {}
+
   // ---- ops. x, y are [n_tokens, features] in act_dtype unless said.
   // out[t] = table[ids[t]] (table [vocab, dim] any float dtype or quantized; ids i32 [n]).
   virtual void embedding(const Weight& table, const Tensor& ids, Tensor& out) = 0;
@@ -85,9 +103,29 @@ class Backend {
   // dst[rows[i]] += weights[i] * src[i] for i in order (rows may repeat): src [m, d] act dtype,
   // rows i32 [m], weights f32 [m], dst [n, d]. Combines MoE expert outputs.
   virtual void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) = 0;
+  // ids[i] = argmax_j x[i, j] (first on ties): x [rows, n] f32 or act dtype, ids i32 [rows].
+  // Greedy sampling on the device, so only the ids leave it.
+  virtual void argmax_rows(const Tensor& x, Tensor& ids);
+};
+
+// begin_step()/end_step() for one forward pass, also when it throws.
+class StepScope {
+ public:
+  explicit StepScope(Backend& be) : be_(be) { be_.begin_step(); }
+  ~StepScope() { be_.end_step(); }
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+ private:
+  Backend& be_;
 };
 
 // The CPU backend (f32 compute; SIMD chosen at run time; threads from ThreadPool::global()).
 std::unique_ptr<Backend> make_cpu_backend();
+// The CUDA backend on GPU `device` (bf16 activations, f32 accumulation; cuBLASLt GEMMs, own
+// kernels, CUDA graphs for decode). Throws [cuda] when this build has no CUDA or there is no GPU.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+// True when this build has the CUDA backend and a usable GPU is present (never throws).
+bool cuda_device_available();
 
 }  // namespace kiln::backend

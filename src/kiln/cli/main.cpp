@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kiln 0.1.0");
   kiln::cli::add_generate(app);
   kiln::cli::add_synth(app);
+  kiln::cli::add_serve(app);
+  kiln::cli::add_apply_template(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

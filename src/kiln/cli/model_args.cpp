@@ -16,7 +16,7 @@ void ModelArgs::add_to(CLI::App* cmd) {
 
 std::unique_ptr<engine::LoadedModel> ModelArgs::load() const {
   engine::LoadOptions opt;
-  opt.device = device == "auto" ? "cpu" : device;
+  opt.device = device == "auto" ? (backend::cuda_device_available() ? "cuda" : "cpu") : device;
   if (model.empty()) return engine::load_model_from_memory(embedded_model_files(), kEmbeddedName, opt);
   return engine::load_model(model, opt);
 }

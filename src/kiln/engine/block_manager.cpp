@@ -1,30 +1,123 @@
-// BlockManager: a free stack of block ids.
+// BlockManager: a free stack of empty blocks, an LRU list of cached unreferenced blocks, and a
+// hash table from chain hash to block. Hash of block i = XXH3-64(tokens of block i, seed = hash of
+// block i-1, or the model key for block 0): equal hashes mean equal whole prefixes.
 #include "kiln/engine/block_manager.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
 
 #include "kiln/base/error.h"
 
 namespace kiln::engine {
 
-BlockManager::BlockManager(int n_blocks, int block_size) : n_blocks_(n_blocks), block_size_(block_size) {
+BlockManager::BlockManager(int n_blocks, int block_size, PrefixCacheConfig cache)
+    : n_blocks_(n_blocks), block_size_(block_size), cache_(cache), info_(n_blocks) {
   KILN_ASSERT(n_blocks > 0 && block_size > 0);
   free_.reserve(n_blocks);
   for (int i = n_blocks - 1; i >= 0; --i) free_.push_back(i);
+}
+
+void BlockManager::unhash(int32_t b) {
+  Info& in = info_[b];
+  if (!in.hashed) return;
+  auto it = by_hash_.find(in.hash);
+  if (it != by_hash_.end() && it->second == b) by_hash_.erase(it);
+  in.hashed = false;
+  in.tokens.clear();
+}
+
+int32_t BlockManager::take_block() {
+  int32_t b;
+  if (!free_.empty()) {
+    b = free_.back();
+    free_.pop_back();
+  } else {
+    KILN_ASSERT(!lru_.empty());
+    b = lru_.front();  // evict the least recently used cached block
+    lru_.pop_front();
+    unhash(b);
+    ++evictions_;
+  }
+  info_[b].ref = 1;
+  return b;
 }
 
 bool BlockManager::ensure(std::vector<int32_t>& blocks, int64_t n_tokens) {
   int need = blocks_for(n_tokens) - static_cast<int>(blocks.size());
   if (need <= 0) return true;
   if (need > n_free()) return false;
-  for (int i = 0; i < need; ++i) {
-    blocks.push_back(free_.back());
-    free_.pop_back();
-  }
+  for (int i = 0; i < need; ++i) blocks.push_back(take_block());
   return true;
 }
 
 void BlockManager::release(std::vector<int32_t>& blocks) {
-  for (auto b : blocks) free_.push_back(b);
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    Info& in = info_[*it];
+    KILN_ASSERT(in.ref > 0);
+    if (--in.ref > 0) continue;  // still shared with another sequence
+    if (in.hashed && prefix_caching()) {
+      lru_.push_back(*it);
+      in.lru = std::prev(lru_.end());
+    } else {
+      unhash(*it);
+      free_.push_back(*it);
+    }
+  }
   blocks.clear();
+  // Keep the cache under its size: the least recently used cached blocks become empty ones.
+  while (static_cast<int>(lru_.size()) > cache_.max_cached_blocks) {
+    int32_t b = lru_.front();
+    lru_.pop_front();
+    unhash(b);
+    free_.push_back(b);
+    ++evictions_;
+  }
+}
+
+uint64_t BlockManager::chain_hash(std::span<const int32_t> tokens, std::vector<uint64_t>& hashes, int i) const {
+  while (static_cast<int>(hashes.size()) <= i) {
+    size_t j = hashes.size();
+    uint64_t seed = j == 0 ? cache_.model_key : hashes[j - 1];
+    hashes.push_back(XXH3_64bits_withSeed(tokens.data() + j * block_size_, sizeof(int32_t) * block_size_, seed));
+  }
+  return hashes[i];
+}
+
+int BlockManager::acquire_prefix(std::span<const int32_t> tokens, int max_blocks, std::vector<int32_t>& blocks,
+                                 std::vector<uint64_t>& hashes) {
+  KILN_ASSERT(blocks.empty());
+  if (!prefix_caching()) return 0;
+  ++lookups_;
+  max_blocks = std::min<int>(max_blocks, static_cast<int>(tokens.size()) / block_size_);
+  for (int i = 0; i < max_blocks; ++i) {
+    auto it = by_hash_.find(chain_hash(tokens, hashes, i));
+    if (it == by_hash_.end()) break;
+    Info& in = info_[it->second];
+    if (!std::equal(in.tokens.begin(), in.tokens.end(), tokens.begin() + static_cast<size_t>(i) * block_size_)) break;
+    if (in.ref++ == 0) lru_.erase(in.lru);  // no longer evictable
+    blocks.push_back(it->second);
+  }
+  hit_tokens_ += static_cast<int64_t>(blocks.size()) * block_size_;
+  return static_cast<int>(blocks.size());
+}
+
+void BlockManager::commit(std::span<const int32_t> tokens, int n_computed, const std::vector<int32_t>& blocks,
+                          std::vector<uint64_t>& hashes, int& n_committed) {
+  if (!prefix_caching()) return;
+  int n_full = std::min<int>(n_computed / block_size_, static_cast<int>(blocks.size()));
+  for (int i = n_committed; i < n_full; ++i) {
+    uint64_t h = chain_hash(tokens, hashes, i);
+    Info& in = info_[blocks[i]];
+    if (in.hashed) continue;               // reused from the cache: already registered
+    if (by_hash_.count(h)) continue;       // the same prefix is cached in another block already
+    in.hashed = true;
+    in.hash = h;
+    in.tokens.assign(tokens.begin() + static_cast<size_t>(i) * block_size_,
+                     tokens.begin() + static_cast<size_t>(i + 1) * block_size_);
+    by_hash_.emplace(h, blocks[i]);
+  }
+  n_committed = std::max(n_committed, n_full);
 }
 
 }  // namespace kiln::engine

@@ -1,28 +1,76 @@
-// The KV block pool: hands out fixed-size blocks of the paged cache and takes them back.
-// No tensor work here; the KvCache holds the memory, this holds the bookkeeping.
+// The KV block pool: hands out fixed-size blocks of the paged cache and takes them back, and
+// keeps the prefix cache: full blocks stay after their sequence ends, keyed by the hash chain of
+// their tokens (seeded with the model's key), reference-counted so sequences share them, and
+// evicted least-recently-used. No tensor work here; the KvCache holds the memory.
 #pragma once
 #include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 namespace kiln::engine {
 
+struct PrefixCacheConfig {
+  int max_cached_blocks = 0;  // unreferenced blocks kept for reuse; 0 turns the prefix cache off
+  uint64_t model_key = 0;     // seeds the hash chain, so caches of different models never match
+};
+
 class BlockManager {
  public:
-  BlockManager(int n_blocks, int block_size);
+  BlockManager(int n_blocks, int block_size, PrefixCacheConfig cache = {});
   int block_size() const { return block_size_; }
   int n_blocks() const { return n_blocks_; }
-  int n_free() const { return static_cast<int>(free_.size()); }
+  // Blocks that can be handed out: empty ones plus cached ones nobody references (evictable).
+  int n_free() const { return static_cast<int>(free_.size() + lru_.size()); }
+  // Blocks referenced by at least one sequence.
   int n_used() const { return n_blocks_ - n_free(); }
+  // Unreferenced blocks that still hold a cached prefix.
+  int n_cached() const { return static_cast<int>(lru_.size()); }
+  bool prefix_caching() const { return cache_.max_cached_blocks > 0; }
   // Blocks needed to hold n_tokens.
   int blocks_for(int64_t n_tokens) const { return static_cast<int>((n_tokens + block_size_ - 1) / block_size_); }
   // Grows `blocks` to hold n_tokens; false (and no change) when the pool lacks blocks.
+  // Takes empty blocks first, then evicts the least recently used cached ones.
   bool ensure(std::vector<int32_t>& blocks, int64_t n_tokens);
-  // Returns every block in `blocks` to the pool and clears it.
+  // Drops one reference on every block in `blocks` (last first, so a chain's head is evicted last)
+  // and clears it. Blocks nobody references go back to the pool; hashed ones stay cached.
   void release(std::vector<int32_t>& blocks);
 
+  // Prefix cache. `hashes` is the caller's memo of the chain hashes of its full blocks
+  // (hashes[i] covers tokens [0, (i+1) * block_size)); these calls extend it as needed.
+  // Appends the longest run of cached blocks matching tokens' full blocks (at most max_blocks)
+  // to the empty `blocks`, taking a reference on each; returns how many.
+  int acquire_prefix(std::span<const int32_t> tokens, int max_blocks, std::vector<int32_t>& blocks,
+                     std::vector<uint64_t>& hashes);
+  // Registers the full blocks among tokens[0, n_computed) (their K/V are written) so later
+  // sequences can reuse them; `n_committed` (the caller's memo) skips blocks done before.
+  void commit(std::span<const int32_t> tokens, int n_computed, const std::vector<int32_t>& blocks,
+              std::vector<uint64_t>& hashes, int& n_committed);
+  // Counters for /metrics: tokens served from the cache, and lookups made.
+  int64_t hit_tokens() const { return hit_tokens_; }
+  int64_t lookups() const { return lookups_; }
+  int64_t evictions() const { return evictions_; }
+
  private:
+  struct Info {
+    int ref = 0;
+    bool hashed = false;
+    uint64_t hash = 0;
+    std::vector<int32_t> tokens;        // [block_size] the block's tokens, to rule out hash collisions
+    std::list<int32_t>::iterator lru;   // valid while ref == 0 and hashed
+  };
+  uint64_t chain_hash(std::span<const int32_t> tokens, std::vector<uint64_t>& hashes, int i) const;
+  int32_t take_block();   // an empty block, or the LRU cached one evicted; requires n_free() > 0
+  void unhash(int32_t b);
+
   int n_blocks_, block_size_;
-  std::vector<int32_t> free_;  // a stack: recently freed blocks are reused first (warm in cache)
+  PrefixCacheConfig cache_;
+  std::vector<Info> info_;                        // [n_blocks]
+  std::vector<int32_t> free_;                     // empty blocks, a stack (recently freed reused first)
+  std::list<int32_t> lru_;                        // cached unreferenced blocks, least recent first
+  std::unordered_map<uint64_t, int32_t> by_hash_; // chain hash -> block
+  int64_t hit_tokens_ = 0, lookups_ = 0, evictions_ = 0;
 };
 
 }  // namespace kiln::engine

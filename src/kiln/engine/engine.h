@@ -16,6 +16,10 @@ struct EngineConfig {
   int block_size = 16;
   int n_blocks = 0;          // 0: derived from kv_cache_bytes
   size_t kv_cache_bytes = 0; // 0: enough for max_seqs sequences of the full context
+  // Prefix cache: KV kept for reuse after requests end, in extra blocks beside the ones above
+  // (at most 4x as many). 0 turns it off.
+  size_t prompt_cache_bytes = 0;
+  uint64_t model_key = 0;    // seeds the prefix cache's hash chain (see BlockManager)
 };
 
 struct EngineStats {
@@ -31,6 +35,8 @@ class Engine {
   int64_t add(Request r);
   // Drops a request at once and frees its blocks; its callback gets a final `cancelled` event.
   void cancel(int64_t id);
+  // Ends every request with an `error` event carrying `message` (after a failed forward).
+  void abort_all(const std::string& message);
   bool has_work() const { return !scheduler_.empty(); }
   // Runs one batched forward; returns the number of tokens it computed.
   int step();

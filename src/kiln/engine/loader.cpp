@@ -2,6 +2,7 @@
 #include "kiln/engine/loader.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "kiln/base/mapped_file.h"
 #include "kiln/io/model_path.h"
@@ -10,11 +11,39 @@ namespace kiln::engine {
 
 static std::unique_ptr<backend::Backend> make_backend(const LoadOptions& opt) {
   if (opt.device == "cpu") return backend::make_cpu_backend();
-  fail("engine", "unknown device \"{}\" (this build supports: cpu)", opt.device);
+  if (opt.device == "cuda") {
+    if (!backend::cuda_device_available())
+      fail("engine", "--device cuda: no usable CUDA device (or this build has no CUDA); use --device cpu");
+    return backend::make_cuda_backend(0);
+  }
+  fail("engine", "unknown device \"{}\" (supported: cpu, cuda)", opt.device);
+}
+
+// Device backends get every weight once, at load, with a progress line on stderr for large models
+// (the CPU backend reads the mmap in place: a no-op there).
+static void upload_weights(LoadedModel& m) {
+  if (m.backend->device() == Device::cpu) return;
+  const auto names = m.weights.names();
+  double total = 0, done = 0;
+  for (const auto& n : names) total += static_cast<double>(m.weights.get(n).nbytes());
+  const bool show = total > 1e9;
+  int shown = -1;
+  for (const auto& n : names) {
+    const Tensor& t = m.weights.get(n);
+    m.backend->prefetch_weight(t);
+    done += static_cast<double>(t.nbytes());
+    int pct = static_cast<int>(100 * done / total);
+    if (show && pct / 10 != shown) {
+      shown = pct / 10;
+      std::fprintf(stderr, "\r[%s] uploading weights %3d%% (%.1f / %.1f GB)", m.backend->name().c_str(), pct, done / 1e9, total / 1e9);
+      if (pct == 100) std::fprintf(stderr, "\n");
+    }
+  }
 }
 
 static void finish_load(LoadedModel& m, const LoadOptions& opt) {
   m.backend = make_backend(opt);
+  upload_weights(m);
   m.model = model::create_model(m.config, m.weights, *m.backend);
   if (m.tokenizer->vocab_size() > m.config.vocab_size)
     fail("model", "{}: the tokenizer has {} tokens but config.json's vocab_size is {}", m.path, m.tokenizer->vocab_size(),

@@ -20,6 +20,23 @@ int32_t argmax(std::span<const float> v) {
   return best;
 }
 
+float log_softmax_at(std::span<const float> logits, int32_t token, int n_top, std::vector<TokenLogprob>* top) {
+  float m = logits[argmax(logits)];
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x - m));
+  const double lse = m + std::log(sum);
+  if (top && n_top > 0) {
+    size_t k = std::min<size_t>(n_top, logits.size());
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    top->clear();
+    for (size_t i = 0; i < k; ++i) top->push_back({ids[i], static_cast<float>(logits[ids[i]] - lse)});
+  }
+  return static_cast<float>(logits[token] - lse);
+}
+
 void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span<const int32_t> context,
                      std::span<const int32_t> generated) {
   const int32_t V = static_cast<int32_t>(logits.size());

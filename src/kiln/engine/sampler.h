@@ -37,6 +37,17 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> scratch_;
 };
 
+// A token's log-probability. Sampled tokens are scored under the processed logits (after logit
+// bias and penalties, before temperature and the top-k/p filters), as OpenAI's logprobs report them.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+
+// log_softmax(logits)[token]; when n_top > 0 also fills `top` with the n_top most likely tokens,
+// most likely first (ties: the lower id first).
+float log_softmax_at(std::span<const float> logits, int32_t token, int n_top, std::vector<TokenLogprob>* top);
+
 // Applies the logit processors (bias and penalties) only; sample() calls it first.
 void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span<const int32_t> context,
                      std::span<const int32_t> generated);

@@ -8,6 +8,7 @@ namespace kiln::engine {
 void Scheduler::preempt(Sequence* s) {
   blocks_.release(s->blocks);
   s->n_computed = 0;
+  s->n_committed_blocks = 0;
   ++s->n_preempted;
   ++n_preemptions_;
   running_.erase(std::find(running_.begin(), running_.end(), s));
@@ -47,10 +48,23 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     ++i;
   }
   // 2. Admit waiting sequences while there is budget, room, and blocks for their first chunk.
+  //    A sequence starting from scratch first takes the longest cached prefix of its tokens
+  //    (always leaving its last token to compute: its logits pick the next token).
   while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < cfg_.max_seqs) {
     Sequence* s = waiting_.front();
+    if (s->n_computed == 0 && s->blocks.empty() && s->reuse_prefix && blocks_.prefix_caching()) {
+      int max_blocks = (static_cast<int>(s->tokens.size()) - 1) / blocks_.block_size();
+      int got = blocks_.acquire_prefix(s->tokens, max_blocks, s->blocks, s->block_hashes);
+      s->n_computed = got * blocks_.block_size();
+      s->n_committed_blocks = got;  // the blocks after these are fresh: commit them as they fill
+    }
     int n = std::min(s->n_pending(), budget);
-    if (!blocks_.ensure(s->blocks, s->n_computed + n)) break;
+    if (!blocks_.ensure(s->blocks, s->n_computed + n)) {
+      blocks_.release(s->blocks);  // give back the cached prefix; it is looked up again next time
+      s->n_computed = 0;
+      break;
+    }
+    if (s->n_cached < 0) s->n_cached = std::min(s->n_computed, s->n_prompt);  // first admission
     waiting_.pop_front();
     running_.push_back(s);
     out.push_back({s, n, s->n_computed + n == static_cast<int>(s->tokens.size())});

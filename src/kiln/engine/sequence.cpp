@@ -21,6 +21,11 @@ Sequence::Sequence(int64_t id_, Request r)
       sampler(std::move(r.sampling)),
       max_tokens(r.max_tokens),
       stop_ids(std::move(r.stop_ids)),
-      on_event(std::move(r.on_event)) {}
+      on_event(std::move(r.on_event)),
+      logprobs(r.logprobs),
+      prompt_logprobs(r.prompt_logprobs),
+      reuse_prefix(r.reuse_prefix && r.prompt_logprobs < 0) {
+  if (prompt_logprobs >= 0) prompt_lp.resize(n_prompt);
+}
 
 }  // namespace kiln::engine

@@ -14,19 +14,39 @@ enum class FinishReason { none, stop, length, cancelled, error };
 const char* finish_reason_name(FinishReason r);
 
 // What the engine reports after each sampled token (called on the engine thread).
+// What the engine reports after each sampled token (called on the engine thread).
 struct TokenEvent {
   int64_t request_id = 0;
   int32_t token = -1;          // -1 when the event only reports the end
   bool finished = false;
   FinishReason reason = FinishReason::none;
   std::string error;           // when reason == error
+  float logprob = 0.0f;                   // of `token`, when Request::logprobs >= 0
+  std::vector<TokenLogprob> top;          // [Request::logprobs] most likely first
+  // With the first event only, when Request::prompt_logprobs >= 0: one entry per prompt token;
+  // entry 0 has no predecessor and stays empty (token -1). Each entry is the token itself, then
+  // the top alternatives.
+  std::vector<std::vector<TokenLogprob>> prompt_logprobs;
+  int n_cached = 0;            // prompt tokens whose K/V came from the prefix cache
 };
+inline TokenEvent make_event(int64_t id, int32_t token, bool finished, FinishReason r, std::string error = {}) {
+  TokenEvent e;
+  e.request_id = id;
+  e.token = token;
+  e.finished = finished;
+  e.reason = r;
+  e.error = std::move(error);
+  return e;
+}
 
 struct Request {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   int max_tokens = 256;
   std::vector<int32_t> stop_ids;  // EOS ids: generation ends when one is sampled (it is reported)
+  int logprobs = -1;         // >= 0: report each sampled token's logprob and this many alternatives
+  int prompt_logprobs = -1;  // >= 0: report every prompt token's logprob (needs all prompt logits)
+  bool reuse_prefix = true;  // may start from cached prefix blocks
   std::function<void(const TokenEvent&)> on_event;
 };
 
@@ -42,6 +62,12 @@ struct Sequence {
   std::function<void(const TokenEvent&)> on_event;
   FinishReason finish = FinishReason::none;
   int n_preempted = 0;
+  int logprobs = -1, prompt_logprobs = -1;
+  bool reuse_prefix = true;
+  int n_cached = -1;                  // prompt tokens reused from the prefix cache (-1: not admitted yet)
+  std::vector<uint64_t> block_hashes; // the prefix cache's hash chain memo (BlockManager)
+  int n_committed_blocks = 0;         // full blocks registered in the prefix cache
+  std::vector<std::vector<TokenLogprob>> prompt_lp;  // [n_prompt] when prompt_logprobs >= 0
 
   Sequence(int64_t id_, Request r);
   int n_generated() const { return static_cast<int>(tokens.size()) - n_prompt; }

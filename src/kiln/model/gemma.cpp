@@ -65,11 +65,13 @@ class Gemma final : public Model {
   Tensor forward(const Batch& batch, KvCache& cache) override {
     backend::Backend& be = *backend_;
     const ModelConfig& c = config_;
+    backend::StepScope step(be);  // per-step buffers (CUDA: the arena; nothing allocated when warm)
     StepInputs in = upload_step(be, batch);
     const int64_t n = in.n_tokens;
     const DType t = be.act_dtype();
     std::vector<DeviceRope> ropes;
     for (const RopeConfig* r : rope_cfgs_) ropes.push_back(upload_rope(be, *r, c, in.max_position + 1));
+    const bool graphed = begin_step_graph(be, in, batch);
 
     Tensor x = be.alloc(t, {n, c.dim});  // [n_tokens, dim] the residual stream
     Tensor h = be.alloc(t, {n, c.dim});
@@ -99,10 +101,10 @@ class Gemma final : public Model {
     Tensor last = be.alloc(t, {in.n_out, c.dim});  // [n_out, dim]
     be.gather_rows(x, in.logit_rows, last);
     be.rms_norm(last, final_norm_, eps, true, last);
-    Tensor logits = be.alloc(t, {in.n_out, head_.out_features()});  // [n_out, vocab]
+    Tensor logits = be.alloc(DType::f32, {in.n_out, head_.out_features()});  // [n_out, vocab] f32 on every backend
     be.matmul(last, head_, logits);
     if (final_softcap_ > 0) be.softcap(logits, final_softcap_);
-    return be.to_host(logits);
+    return finish_step(be, logits, batch, graphed);
   }
 
  private:

@@ -57,6 +57,26 @@ StepInputs upload_step(backend::Backend& be, const Batch& b) {
   return s;
 }
 
+bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b) {
+  if (in.n_tokens == 0 || in.n_tokens != in.n_seqs) return false;  // prefill runs eagerly
+  uint64_t key = static_cast<uint64_t>(in.n_tokens);
+  key = key * 1000003u + static_cast<uint64_t>(in.n_out);
+  key = key * 1000003u + static_cast<uint64_t>(in.max_blocks);
+  key = key * 2u + (b.greedy_only ? 1u : 0u);
+  return be.begin_graph(key);
+}
+
+Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, bool graphed) {
+  if (!b.greedy_only) {
+    if (graphed) be.end_graph();
+    return be.to_host(logits);
+  }
+  Tensor ids = be.alloc(DType::i32, {logits.dim(0)});  // [n_out]
+  be.argmax_rows(logits, ids);
+  if (graphed) be.end_graph();
+  return be.to_host(ids);
+}
+
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,
                      const Tensor& x, const StepInputs& in, Tensor& k_cache, Tensor& v_cache, int block_size, Tensor& out) {
   const int64_t n = in.n_tokens, hd = c.head_dim;

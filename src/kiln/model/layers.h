@@ -21,6 +21,14 @@ struct StepInputs {
 };
 StepInputs upload_step(backend::Backend& be, const Batch& b);
 
+// Decode-only steps (one token per sequence) may be recorded once and replayed as a device graph
+// (CUDA graphs; a no-op on the CPU): returns true when the ops up to finish_step() are graphed.
+// The key names the step's shapes; the inputs uploaded by upload_step may change freely.
+bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b);
+// The end of a forward: logits f32 [n_out, vocab] on the device -> the host result (the logits, or
+// the argmax ids when b.greedy_only), closing the graph begun by begin_step_graph.
+Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, bool graphed);
+
 struct AttentionWeights {
   backend::Weight q, k, v, o;
   Tensor q_norm, k_norm;  // [head_dim] each, empty when the family has none

@@ -45,6 +45,7 @@ class Llama final : public Model {
       else if (ws.has(p + "mlp.gate.weight")) L.moe = load_moe(ws, p + "mlp.", c);
       else L.mlp = load_mlp(ws, p + "mlp.");
       L.window = c.layer_is_sliding(i) ? c.sliding_window : 0;
+      has_moe_ |= L.moe.has_value();
       layers_.push_back(std::move(L));
     }
   }
@@ -52,10 +53,13 @@ class Llama final : public Model {
   Tensor forward(const Batch& batch, KvCache& cache) override {
     backend::Backend& be = *backend_;
     const ModelConfig& c = config_;
+    backend::StepScope step(be);  // per-step buffers (CUDA: the arena; nothing allocated when warm)
     StepInputs in = upload_step(be, batch);
     const int64_t n = in.n_tokens;
     const DType t = be.act_dtype();
     DeviceRope rope = upload_rope(be, c.rope, c, in.max_position + 1);
+    // MoE routing reads the router logits on the host mid-step: such models run eagerly.
+    const bool graphed = !has_moe_ && begin_step_graph(be, in, batch);
 
     Tensor x = be.alloc(t, {n, c.dim});    // [n_tokens, dim] the residual stream
     Tensor h = be.alloc(t, {n, c.dim});    // normed input of a block
@@ -83,9 +87,9 @@ class Llama final : public Model {
     Tensor last = be.alloc(t, {in.n_out, c.dim});   // [n_out, dim]
     be.gather_rows(x, in.logit_rows, last);
     be.rms_norm(last, final_norm_, eps, false, last);
-    Tensor logits = be.alloc(t, {in.n_out, head_.out_features()});  // [n_out, vocab]
+    Tensor logits = be.alloc(DType::f32, {in.n_out, head_.out_features()});  // [n_out, vocab] f32 on every backend
     be.matmul(last, head_, logits);
-    return be.to_host(logits);
+    return finish_step(be, logits, batch, graphed);
   }
 
  private:
@@ -93,6 +97,7 @@ class Llama final : public Model {
   Weight embed_, head_;
   Tensor final_norm_;
   std::vector<LlamaLayer> layers_;
+  bool has_moe_ = false;
 };
 
 }  // namespace

@@ -23,6 +23,9 @@ struct Batch {
   int n_seqs = 0;
   int max_blocks = 0;
   std::vector<int32_t> logit_rows;    // [n_out] indices into tokens whose logits are returned
+  // The caller only needs each row's argmax (greedy sampling): forward then returns i32 [n_out]
+  // token ids instead of f32 logits, computed on the device (the GPU path: no logits download).
+  bool greedy_only = false;
   int n_tokens() const { return static_cast<int>(tokens.size()); }
 };
 
@@ -39,7 +42,8 @@ class Model {
   virtual ~Model() = default;
   const ModelConfig& config() const { return config_; }
   backend::Backend& backend() const { return *backend_; }
-  // Runs the batch; returns logits f32 [batch.logit_rows.size(), vocab_size] on the host.
+  // Runs the batch; returns logits f32 [batch.logit_rows.size(), vocab_size] on the host (every
+  // backend), or with batch.greedy_only the argmax ids i32 [batch.logit_rows.size()].
   virtual Tensor forward(const Batch& batch, KvCache& cache) = 0;
 
  protected:

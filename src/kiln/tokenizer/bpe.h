@@ -22,7 +22,7 @@ struct StringHash {
 using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 // Ids must stay below this (bounds every id-indexed table, whatever a hostile file says).
-constexpr int64_t kMaxTokenId = 1 << 22;
+constexpr int64_t kMaxTokenId = 1 << 21;
 
 struct BpeOptions {
   std::optional<std::string> unk_token;

@@ -270,7 +270,7 @@ class Lexer {
       if (src_[j] == '\\') ++j;
       ++j;
     }
-    if (j >= src_.size()) fail_at(i, fmt::format("unexpected char '{}' at {}", quote, i));
+    if (j >= src_.size()) fail_at(i, fmt::format("unexpected char {} at {}", pystr::repr(std::string(1, quote)), i));
     emit(TokenType::String, decode_string_literal(std::string_view(src_).substr(i + 1, j - i - 1), line_of(i)), i);
     return j + 1;
   }
@@ -285,7 +285,9 @@ class Lexer {
     }
     char c = src_[i];
     if (std::string_view("+-/*%~[](){}><=.:|,;").find(c) == std::string_view::npos) {
-      fail_at(i, fmt::format("unexpected char '{}' at {}", c, i));
+      size_t j = i;
+      uint32_t cp = kiln::utf8::decode(src_, j);
+      fail_at(i, fmt::format("unexpected char {} at {}", pystr::repr(pystr::encode(std::u32string(1, cp))), i));
     }
     if (c == '{' || c == '(' || c == '[') {
       balance.push_back(c == '{' ? '}' : c == '(' ? ')' : ']');

@@ -21,6 +21,12 @@ class TemplateError : public std::runtime_error {
   explicit TemplateError(const std::string& message) : std::runtime_error(message) {}
 };
 
+// raise_exception(message) from a template: reported as "raise_exception: message".
+class RaisedError : public TemplateError {
+ public:
+  explicit RaisedError(const std::string& message) : TemplateError(message) {}
+};
+
 class Value;
 struct DictData;
 class Object;

@@ -23,7 +23,13 @@ int32_t checked_id(const Json& v, const std::string& where, const char* what) {
 AddedToken parse_added_token(const Json& j, const std::string& where, std::optional<int32_t> id_from_key) {
   if (!j.is_object()) fail("tokenizer", "{}: an added token must be an object", where);
   AddedToken t;
-  t.id = id_from_key ? *id_from_key : checked_id(j.contains("id") ? j["id"] : Json(), where, "added token id");
+  if (id_from_key) {
+    t.id = *id_from_key;
+  } else {
+    static const Json missing;
+    auto it = j.find("id");
+    t.id = checked_id(it == j.end() ? missing : *it, where, "added token id");
+  }
   t.content = json_str(j, "content", where, "");
   t.special = json_bool(j, "special", where, false);
   t.single_word = json_bool(j, "single_word", where, false);
@@ -66,7 +72,9 @@ void parse_post_processor(const Json& j, const std::string& where, std::vector<i
   if (type == "TemplateProcessing") {
     auto single = j.find("single");
     if (single == j.end() || !single->is_array()) fail("tokenizer", "{}: \"single\" must be a list", at);
-    const Json specials = j.contains("special_tokens") ? j["special_tokens"] : Json::object();
+    static const Json no_specials = Json::object();
+    auto sit = j.find("special_tokens");
+    const Json& specials = sit == j.end() ? no_specials : *sit;
     std::vector<int32_t> before, after;
     bool seen_sequence = false;
     for (const auto& item : *single) {
@@ -85,7 +93,7 @@ void parse_post_processor(const Json& j, const std::string& where, std::vector<i
         }
         name = name.substr(0, name.rfind(':'));
       } else {
-        fail("tokenizer", "{}: unrecognised template item {}", at, item.dump().substr(0, 80));
+        fail("tokenizer", "{}: unrecognised template item (a {})", at, item.type_name());
       }
       auto sp = specials.is_object() ? specials.find(name) : specials.end();
       if (sp == specials.end() || !sp->is_object() || !sp->contains("ids") || !(*sp)["ids"].is_array()) {
@@ -220,6 +228,51 @@ std::unique_ptr<Tokenizer> assemble(std::unique_ptr<Bpe> model, const Pipeline& 
 }
 
 namespace {
+
+bool mentions_byte_level(const Json& j, int depth = 0) {
+  if (depth > kMaxNesting) return false;
+  if (j.is_object()) {
+    auto t = j.find("type");
+    if (t != j.end() && t->is_string() && t->get<std::string>() == "ByteLevel") return true;
+    for (const auto& [k, v] : j.items()) {
+      if (mentions_byte_level(v, depth + 1)) return true;
+    }
+  } else if (j.is_array()) {
+    for (const auto& v : j) {
+      if (mentions_byte_level(v, depth + 1)) return true;
+    }
+  }
+  return false;
+}
+
+// transformers 5 builds LlamaTokenizer's pipeline in code and takes only the vocabulary and merges
+// from tokenizer.json: no normalizer, Metaspace(▁, split=false) with the prepend scheme that
+// add_prefix_space (default true) and legacy (default false) select, and the Replace/ByteFallback/
+// Fuse(/Strip) decoder. kiln does the same so that it matches transformers on such folders (the
+// stories260K reference was made this way), except for byte-level vocabularies that name the class
+// (DeepSeek), where that pipeline would be wrong and the file's own pipeline is kept.
+void apply_llama_class_pipeline(Pipeline& p, const std::string& config_text, const std::string& config_where) {
+  if (config_text.empty()) return;
+  Json config = parse_json(config_text, config_where, "tokenizer");
+  if (!config.is_object()) return;
+  std::string cls = json_str(config, "tokenizer_class", config_where, "");
+  if (cls != "LlamaTokenizer" && cls != "LlamaTokenizerFast") return;
+  for (const char* key : {"normalizer", "pre_tokenizer", "decoder"}) {
+    if (p.json.contains(key) && mentions_byte_level(p.json[key])) return;
+  }
+  bool add_prefix_space = json_bool(config, "add_prefix_space", config_where, true);
+  bool legacy = json_bool(config, "legacy", config_where, false);
+  const std::string meta = "\xE2\x96\x81";  // ▁
+  p.json["normalizer"] = nullptr;
+  p.json["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", meta},
+                             {"prepend_scheme", add_prefix_space ? (legacy ? "always" : "first") : "never"},
+                             {"split", false}};
+  Json decoders = Json::array({Json{{"type", "Replace"}, {"pattern", {{"String", meta}}}, {"content", " "}},
+                               Json{{"type", "ByteFallback"}}, Json{{"type", "Fuse"}}});
+  if (add_prefix_space) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  p.json["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& tokenizer_json, const std::string& config_text,
                                                const std::string& where, const std::string& config_where) {
   Json j = parse_json(tokenizer_json, where, "tokenizer");
@@ -267,7 +320,7 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& tokenizer_json
         if (split == std::string::npos) fail("tokenizer", "{}: merge \"{}\" is not \"a b\"", where, s.substr(0, 80));
         merges.emplace_back(s.substr(0, split), s.substr(split + 1));
       } else {
-        fail("tokenizer", "{}: a merge must be \"a b\" or [a, b], not {}", where, mg.dump().substr(0, 80));
+        fail("tokenizer", "{}: a merge must be \"a b\" or [a, b], not a {}", where, mg.type_name());
       }
     }
   }
@@ -277,16 +330,42 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& tokenizer_json
   for (const char* key : {"normalizer", "pre_tokenizer", "decoder", "post_processor", "added_tokens"}) {
     if (auto it = j.find(key); it != j.end()) p.json[key] = std::move(*it);
   }
+  apply_llama_class_pipeline(p, config_text, config_where);
   return assemble(std::move(bpe), p, config_text, where, config_where);
 }
 }  // namespace
 
+std::string printable_message(const std::string& what, const std::string& component) {
+  std::string msg = what.substr(std::min(what.size(), component.size() + 3));  // drop "[component] "
+  std::string out;
+  for (char c : msg) {
+    auto u = static_cast<unsigned char>(c);
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (u < 0x20 || u == 0x7F) out += fmt::format("\\x{:02x}", u);
+    else out += c;
+  }
+  constexpr size_t kMax = 600;
+  if (out.size() > kMax) {
+    size_t cut = kMax;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
+    out = out.substr(0, cut) + "...";
+  }
+  return out;
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_json, const std::string& tokenizer_config_json,
                                                 const std::string& where) {
-  return load_tokenizer_json(tokenizer_json, tokenizer_config_json, where, where + " (tokenizer_config.json)");
+  return one_line_errors(
+      [&] { return load_tokenizer_json(tokenizer_json, tokenizer_config_json, where, where + " (tokenizer_config.json)"); });
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::load_dir(const std::string& dir) {
+  return one_line_errors([&] { return load_dir_impl(dir); });
+}
+
+std::unique_ptr<Tokenizer> load_dir_impl(const std::string& dir) {
   fs::path d(dir);
   std::string config = read_if_exists(d / "tokenizer_config.json");
   std::string config_where = (d / "tokenizer_config.json").string();

@@ -198,8 +198,8 @@ enum class Prepend { always, first, never };
 
 class MetaspacePre : public PreTokenizer {
  public:
-  MetaspacePre(std::string replacement, Prepend scheme, bool split)
-      : replacement_(std::move(replacement)), scheme_(scheme), split_(split) {}
+  MetaspacePre(std::string replacement, Prepend scheme, bool split, bool dummy_prefix)
+      : replacement_(std::move(replacement)), scheme_(scheme), split_(split), dummy_prefix_(dummy_prefix) {}
   void split(std::vector<Piece>& pieces) const override {
     Pattern rep;
     rep.literal = replacement_;
@@ -210,7 +210,10 @@ class MetaspacePre : public PreTokenizer {
         if (c == ' ') q.text += replacement_;
         else q.text += c;
       }
-      bool starts = q.text.compare(0, replacement_.size(), replacement_) == 0;
+      // HF checks after spaces became ▁, so " Hello" gives "▁Hello". SentencePiece's add_dummy_prefix
+      // (dummy_prefix_, used for tokenizer.model files) checks the text itself: "▁▁Hello".
+      const std::string& seen = dummy_prefix_ ? p.text : q.text;
+      bool starts = seen.compare(0, replacement_.size(), replacement_) == 0;
       if (!starts && (scheme_ == Prepend::always || (scheme_ == Prepend::first && p.at_start))) {
         q.text.insert(0, replacement_);
       }
@@ -227,6 +230,7 @@ class MetaspacePre : public PreTokenizer {
   std::string replacement_;
   Prepend scheme_;
   bool split_;
+  bool dummy_prefix_;
 };
 
 class SequencePre : public PreTokenizer {
@@ -272,7 +276,9 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::strin
     if (s == "first") scheme = Prepend::first;
     else if (s == "never") scheme = Prepend::never;
     else if (s.empty() && !json_bool(j, "add_prefix_space", at, true)) scheme = Prepend::never;  // older files
-    return std::make_unique<MetaspacePre>(rep, scheme, json_bool(j, "split", at, true));
+    // "kiln_dummy_prefix" is kiln's own key (SentencePiece semantics for tokenizer.model files).
+    return std::make_unique<MetaspacePre>(rep, scheme, json_bool(j, "split", at, true),
+                                          json_bool(j, "kiln_dummy_prefix", at, false));
   }
   if (type == "Whitespace") {
     // HF: keep the matches of \w+|[^\w\s]+ (Oniguruma's Unicode \w: letters, marks, digits, connectors).

@@ -48,7 +48,8 @@ std::string config_class(const Json& config) {
 Json parse_config(const std::string& text, const std::string& where) {
   if (text.empty()) return Json::object();
   Json c = parse_json(text, where, "tokenizer");
-  return c.is_object() ? c : Json::object();
+  if (!c.is_object()) return Json::object();
+  return c;
 }
 
 int base64_value(char c) {
@@ -223,13 +224,17 @@ std::unique_ptr<Tokenizer> tiktoken_tokenizer(const std::string& model_text, con
 std::unique_ptr<Tokenizer> Tokenizer::from_vocab_merges(const std::string& vocab_json, const std::string& merges_txt,
                                                         const std::string& tokenizer_config_json, const std::string& where,
                                                         Preset preset, const std::string& pattern) {
-  return vocab_merges_tokenizer(vocab_json, merges_txt, tokenizer_config_json, where,
-                                where + " (tokenizer_config.json)", preset, pattern);
+  return one_line_errors([&] {
+    return vocab_merges_tokenizer(vocab_json, merges_txt, tokenizer_config_json, where,
+                                  where + " (tokenizer_config.json)", preset, pattern);
+  });
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_tiktoken(const std::string& model_text, const std::string& tokenizer_config_json,
                                                     const std::string& where, Preset preset, const std::string& pattern) {
-  return tiktoken_tokenizer(model_text, tokenizer_config_json, where, where + " (tokenizer_config.json)", preset, pattern);
+  return one_line_errors([&] {
+    return tiktoken_tokenizer(model_text, tokenizer_config_json, where, where + " (tokenizer_config.json)", preset, pattern);
+  });
 }
 
 }  // namespace kiln::tokenizer

@@ -25,11 +25,12 @@ Regex::Regex(const std::string& pattern, const std::string& where) : pattern_(pa
   int err = 0;
   PCRE2_SIZE offset = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C, &err, &offset, nullptr);
   if (!code) {
     fail("tokenizer", "{}: regex /{}/ does not compile: {} at offset {}", where, pattern, pcre2_message(err),
          static_cast<size_t>(offset));
   }
+  // \C (one byte in UTF mode) is refused above: a match must never end inside a character.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // failure is fine: the interpreter is used instead
   code_ = code;
   pcre2_match_context* ctx = pcre2_match_context_create(nullptr);

@@ -183,7 +183,8 @@ std::unique_ptr<Tokenizer> sentencepiece_tokenizer(const std::string& model_byte
   }
   if (!norms.empty()) j["normalizer"] = {{"type", "Sequence"}, {"normalizers", norms}};
   j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", meta},
-                        {"prepend_scheme", sp.add_dummy_prefix ? "first" : "never"}, {"split", false}};
+                        {"prepend_scheme", sp.add_dummy_prefix ? "first" : "never"}, {"split", false},
+                        {"kiln_dummy_prefix", true}};
   Json decoders = Json::array({Json{{"type", "Replace"}, {"pattern", {{"String", meta}}}, {"content", " "}},
                                Json{{"type", "ByteFallback"}}, Json{{"type", "Fuse"}}});
   if (sp.add_dummy_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
@@ -205,6 +206,12 @@ std::unique_ptr<Tokenizer> sentencepiece_tokenizer(const std::string& model_byte
   p.default_bos = sp.bos_piece;
   p.default_eos = sp.eos_piece;
   return assemble(std::move(bpe), p, config_text, where, config_where);
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::from_sentencepiece(const std::string& model_bytes,
+                                                         const std::string& tokenizer_config_json, const std::string& where) {
+  return one_line_errors(
+      [&] { return sentencepiece_tokenizer(model_bytes, tokenizer_config_json, where, where + " (tokenizer_config.json)"); });
 }
 
 }  // namespace kiln::tokenizer

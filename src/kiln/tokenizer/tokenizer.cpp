@@ -15,6 +15,11 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  // Only a hostile regex can throw here (backtracking limit); its message names the pattern.
+  return one_line_errors([&] { return encode_impl(text, add_special_tokens); });
+}
+
+std::vector<int32_t> Tokenizer::encode_impl(std::string_view text, bool add_special_tokens) const {
   const Impl& m = *impl_;
   std::string repaired;
   if (!utf8::valid(text)) {  // regexes and normalizers need valid UTF-8

@@ -39,6 +39,10 @@ class Tokenizer {
                                                   const std::string& where, Preset preset = Preset::llama3,
                                                   const std::string& pattern = "");
 
+  // A SentencePiece tokenizer.model (protobuf, BPE type), read as transformers' Llama converter does.
+  static std::unique_ptr<Tokenizer> from_sentencepiece(const std::string& model_bytes,
+                                                       const std::string& tokenizer_config_json, const std::string& where);
+
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
@@ -46,7 +50,8 @@ class Tokenizer {
   // Thread-safe. add_special_tokens: apply the post-processor (BOS etc.). Invalid UTF-8 in `text`
   // is replaced by U+FFFD first.
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
-  // Ids outside the vocabulary are skipped. The result is valid UTF-8.
+  // Ids outside the vocabulary are skipped. The result is valid UTF-8. (clean_up_tokenization_spaces
+  // is not applied: it would break streaming and round trips.)
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = true) const;
 
   int32_t vocab_size() const;                     // largest id + 1 over vocab and added tokens
@@ -67,6 +72,7 @@ class Tokenizer {
   explicit Tokenizer(std::unique_ptr<Impl> impl);
 
  private:
+  std::vector<int32_t> encode_impl(std::string_view text, bool add_special_tokens) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -49,9 +49,23 @@ std::unique_ptr<Tokenizer> vocab_merges_tokenizer(const std::string& vocab_json,
 std::unique_ptr<Tokenizer> tiktoken_tokenizer(const std::string& model_text, const std::string& config_text,
                                               const std::string& where, const std::string& config_where, Preset preset,
                                               const std::string& pattern);
+std::unique_ptr<Tokenizer> load_dir_impl(const std::string& dir);
 // A SentencePiece tokenizer.model (protobuf) of BPE type, read as transformers' LlamaConverter does.
 std::unique_ptr<Tokenizer> sentencepiece_tokenizer(const std::string& model_bytes, const std::string& config_text,
                                                    const std::string& where, const std::string& config_where);
+
+// what() of an Error without its "[component] " prefix, control characters escaped, length capped.
+std::string printable_message(const std::string& what, const std::string& component);
+// Runs f(); a kiln::Error it throws comes back as one printable line (file contents such as
+// regexes or token strings may hold newlines), at most a few hundred bytes long.
+template <typename F>
+auto one_line_errors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw Error(e.component(), printable_message(e.what(), e.component()));
+  }
+}
 
 // Preset pipelines (presets.cpp).
 Pipeline preset_pipeline(Preset preset, const std::string& pattern, int32_t first_free_id, const Bpe& model,

@@ -1,6 +1,6 @@
-// Paged attention on the CPU over a ragged batch (semantics in backend.h): one work item per
-// (token, head) pair, spread over the pool. Each item walks its visible keys in chunks with an
-// online softmax (running max m, running sum l, unnormalized accumulator acc [head_dim]), so the
+// Paged attention on the CPU over a ragged batch (semantics in backend.h): work items are (token,
+// GQA group) pairs spread over the pool. Each item walks its visible keys in chunks with an online
+// softmax per head (running max m, running sum l, unnormalized accumulator acc [head_dim]), so the
 // score row is never materialized; K/V rows are found through the sequence's block table.
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,14 @@ namespace kiln::backend::cpu {
 
 namespace {
 constexpr int64_t kKeyChunk = 64;  // keys scored before one rescale of the accumulator
+// One kv head's row of a cached key is head_dim floats every n_kv_heads * head_dim floats, and
+// blocks are scattered: the hardware prefetchers do not follow that stride, so each row would be a
+// full-latency miss. Rows kPrefetchKeys ahead are requested explicitly (prefetches never fault).
+constexpr int64_t kPrefetchKeys = 6;
+inline void prefetch_row(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i);
 }
+}  // namespace
 
 void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                const Tensor& block_tables, const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p,
@@ -43,11 +50,13 @@ void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor
   const int32_t* pos = token_pos.ptr<int32_t>();
   const int32_t* bt = block_tables.ptr<int32_t>();
   // Validate every index the kernel will follow, so bad batches fail here instead of reading wild.
+  int64_t total_keys = 0;  // sum over tokens of visible keys: the work estimate
   for (int64_t t = 0; t < n; ++t) {
     if (seq[t] < 0 || seq[t] >= n_seqs) fail("cpu", "attention: token {} has sequence {} of {}", t, seq[t], n_seqs);
     if (pos[t] < 0 || pos[t] / p.block_size >= p.max_blocks)
       fail("cpu", "attention: token {} position {} outside {} blocks of {}", t, pos[t], p.max_blocks, p.block_size);
     const int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos[t] - p.window + 1) : 0;
+    total_keys += pos[t] + 1 - lo;
     for (int64_t b = lo / p.block_size; b <= pos[t] / p.block_size; ++b) {
       int32_t blk = bt[seq[t] * int64_t{p.max_blocks} + b];
       if (blk < 0 || blk >= n_blocks)
@@ -55,46 +64,74 @@ void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor
     }
   }
 
+  // A work item is one token and a run of `per_item` query heads that share one kv head: the whole
+  // GQA group when there are enough (token, kv head) pairs to keep the pool busy (each cached row
+  // is then read once per group), else a single head (decode of a small model still spreads).
   const int64_t group = p.n_heads / p.n_kv_heads;
+  const int64_t per_item = n * p.n_kv_heads >= 2 * int64_t{pool.n_threads()} ? group : 1;
+  const int64_t items_per_token = p.n_heads / per_item;
   const float* kc = k_cache.ptr<float>();
   const float* vc = v_cache.ptr<float>();
-  pool.parallel_for(n * p.n_heads, [&](int64_t ib, int64_t ie) {
-    std::vector<float> acc(hd), scores(kKeyChunk);
+  // Tiny batches (a few short rows of a small model) run on the caller: waking the pool costs more.
+  const int64_t n_items = n * items_per_token;
+  const bool tiny = total_keys * p.n_heads * hd < (int64_t{1} << 15);
+  pool.parallel_for(n_items, [&](int64_t ib, int64_t ie) {
+    // acc [per_item, hd] unnormalized outputs; scores [per_item, kKeyChunk]; m, l [per_item]
+    std::vector<float> acc(per_item * hd), scores(per_item * kKeyChunk), m(per_item), l(per_item), e(per_item);
     for (int64_t item = ib; item < ie; ++item) {
-      const int64_t t = item / p.n_heads, h = item % p.n_heads, kvh = h / group;
-      const float* qv = q.ptr<float>() + t * q_width + h * hd;
+      const int64_t t = item / items_per_token, h0 = (item % items_per_token) * per_item, kvh = h0 / group;
+      const float* qv = q.ptr<float>() + t * q_width + h0 * hd;  // per_item heads, stride hd
       const int32_t* table = bt + seq[t] * int64_t{p.max_blocks};
       const int64_t hi = pos[t], lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window + 1) : 0;
-      float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.end(), 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
       // offset of key j (and value j) of this kv head in the caches
-      auto row = [&](int64_t j) { return (table[j / p.block_size] * int64_t{p.block_size} + j % p.block_size) * kv_width + kvh * hd; };
+      auto row = [&](int64_t j) {
+        return (table[j / p.block_size] * int64_t{p.block_size} + j % p.block_size) * kv_width + kvh * hd;
+      };
       for (int64_t j0 = lo; j0 <= hi; j0 += kKeyChunk) {
         const int64_t cn = std::min(kKeyChunk, hi + 1 - j0);
-        float cmax = -std::numeric_limits<float>::infinity();
         for (int64_t c = 0; c < cn; ++c) {
-          float s = k.dot(qv, kc + row(j0 + c), hd) * p.scale;
-          if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
-          scores[c] = s;
-          cmax = std::max(cmax, s);
+          if (j0 + c + kPrefetchKeys <= hi) {  // this key's row soon; its value row for the pass below
+            prefetch_row(kc + row(j0 + c + kPrefetchKeys), hd);
+            prefetch_row(vc + row(j0 + c + kPrefetchKeys), hd);
+          }
+          k.dot_multi(qv, per_item, hd, kc + row(j0 + c), hd, e.data());
+          for (int64_t g = 0; g < per_item; ++g) {
+            float s = e[g] * p.scale;
+            if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
+            scores[g * kKeyChunk + c] = s;
+          }
         }
-        if (cmax > m) {  // rescale what was accumulated under the old max
-          const float f = std::exp(m - cmax);  // 0 on the first chunk (m = -inf)
-          k.scale(acc.data(), f, hd);
-          l *= f;
-          m = cmax;
+        for (int64_t g = 0; g < per_item; ++g) {
+          float cmax = -std::numeric_limits<float>::infinity();
+          for (int64_t c = 0; c < cn; ++c) cmax = std::max(cmax, scores[g * kKeyChunk + c]);
+          if (cmax > m[g]) {  // rescale what was accumulated under the old max
+            const float f = std::exp(m[g] - cmax);  // 0 on the first chunk (m = -inf)
+            k.scale(acc.data() + g * hd, f, hd);
+            l[g] *= f;
+            m[g] = cmax;
+          }
+          for (int64_t c = 0; c < cn; ++c) {
+            float& sc = scores[g * kKeyChunk + c];
+            sc = std::exp(sc - m[g]);  // the weight of key j0 + c
+            l[g] += sc;
+          }
         }
         for (int64_t c = 0; c < cn; ++c) {
-          const float e = std::exp(scores[c] - m);
-          l += e;
-          k.axpy(e, vc + row(j0 + c), acc.data(), hd);
+          if (c + kPrefetchKeys < cn) prefetch_row(vc + row(j0 + c + kPrefetchKeys), hd);
+          for (int64_t g = 0; g < per_item; ++g) e[g] = scores[g * kKeyChunk + c];
+          k.axpy_multi(e.data(), per_item, vc + row(j0 + c), acc.data(), hd, hd);
         }
       }
-      float* o = out.ptr<float>() + t * q_width + h * hd;
-      const float inv = l > 0 ? 1.0f / l : 0.0f;
-      for (int64_t d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+      for (int64_t g = 0; g < per_item; ++g) {
+        float* o = out.ptr<float>() + t * q_width + (h0 + g) * hd;
+        const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
+        for (int64_t d = 0; d < hd; ++d) o[d] = acc[g * hd + d] * inv;
+      }
     }
-  });
+  }, tiny ? n_items : 1);
 }
 
 }  // namespace kiln::backend::cpu

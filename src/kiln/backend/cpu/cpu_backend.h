@@ -12,7 +12,7 @@ namespace kiln::backend::cpu {
 
 // y [n, out] = x [n, in] · wᵀ (+ bias). Decode-sized n streams the weight once (GEMV over output
 // rows, split over threads); n >= kGemmMinTokens packs weight tiles into f32 panels (blocked GEMM).
-constexpr int64_t kGemmMinTokens = 16;
+constexpr int64_t kGemmMinTokens = 12;
 void matmul(const Kernels& k, ThreadPool& pool, const Tensor& x, const Weight& w, Tensor& y);
 
 // Paged attention with the semantics of Backend::attention (backend.h).

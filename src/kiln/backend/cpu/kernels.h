@@ -29,6 +29,11 @@ struct Kernels {
   float (*sum_sq)(const float* x, int64_t n);
   // y[i] = (x[i] * s) * w[i] over n floats (the RMSNorm epilogue; HF's order of rounding).
   void (*mul_scaled)(const float* x, const float* w, float s, float* y, int64_t n);
+  // out[g] = q[g * q_stride : +n] · k for g < n_q: one key against the n_q query heads that share it
+  // (GQA), loading the key once.
+  void (*dot_multi)(const float* q, int64_t n_q, int64_t q_stride, const float* k, int64_t n, float* out);
+  // acc[g * acc_stride : +n] += a[g] * v for g < n_q: one value row into n_q accumulators.
+  void (*axpy_multi)(const float* a, int64_t n_q, const float* v, float* acc, int64_t acc_stride, int64_t n);
   // GEMV over a row range, streaming each weight row once for all tokens:
   //   y[t * y_stride + r] = x[t * x_stride : +in] · w[r * in : +in]   for t < n_x, r0 <= r < r1.
   // w [out, in] of dtype wt (f32/bf16/f16).

@@ -23,6 +23,27 @@ struct Avx2 {
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  // In-register 8x8 transpose: r[i][j] -> r[j][i] (unpack pairs, 4x4 blocks per 128-bit lane,
+  // then swap lanes).
+  static void transpose(V r[8]) {
+    V t[8], u[8];
+    for (int g = 0; g < 2; ++g) {
+      const int o = 4 * g;
+      t[o] = _mm256_unpacklo_ps(r[o], r[o + 1]);
+      t[o + 1] = _mm256_unpackhi_ps(r[o], r[o + 1]);
+      t[o + 2] = _mm256_unpacklo_ps(r[o + 2], r[o + 3]);
+      t[o + 3] = _mm256_unpackhi_ps(r[o + 2], r[o + 3]);
+      u[o] = _mm256_shuffle_ps(t[o], t[o + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      u[o + 1] = _mm256_shuffle_ps(t[o], t[o + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      u[o + 2] = _mm256_shuffle_ps(t[o + 1], t[o + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      u[o + 3] = _mm256_shuffle_ps(t[o + 1], t[o + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    // u[c] holds column c of rows 0-3 (low lane: columns 0-3, high lane: 4-7); u[4 + c] rows 4-7.
+    for (int c = 0; c < 4; ++c) {
+      r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+      r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+  }
   static float hsum(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -31,7 +52,8 @@ struct Avx2 {
   }
 };
 
-const Kernels kAvx2 = make_kernels<Avx2>(SimdLevel::avx2);
+// constexpr: a constant table, ready before any static initializer could ask for it.
+constexpr Kernels kAvx2 = make_kernels<Avx2>(SimdLevel::avx2);
 
 }  // namespace
 

@@ -14,7 +14,7 @@ namespace {
 
 struct Avx512 {
   using V = __m512;
-  static constexpr int W = 16, MR = 8, NR = 32;
+  static constexpr int W = 16, MR = 12, NR = 32;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float a) { return _mm512_set1_ps(a); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
@@ -27,10 +27,39 @@ struct Avx512 {
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  // In-register 16x16 transpose: r[i][j] -> r[j][i]. Within each 128-bit lane, unpacks and
+  // shuffles transpose the 4x4 blocks of each group of four rows (u[4g + c] = column c of rows
+  // 4g..4g+3, lane L covering columns 4L..4L+3); then a 4x4 transpose of 128-bit lanes across
+  // u[c], u[4 + c], u[8 + c], u[12 + c] yields columns c, 4 + c, 8 + c, 12 + c.
+  static void transpose(V r[16]) {
+    V t[16], u[16];
+    for (int g = 0; g < 4; ++g) {
+      const int o = 4 * g;
+      t[o] = _mm512_unpacklo_ps(r[o], r[o + 1]);
+      t[o + 1] = _mm512_unpackhi_ps(r[o], r[o + 1]);
+      t[o + 2] = _mm512_unpacklo_ps(r[o + 2], r[o + 3]);
+      t[o + 3] = _mm512_unpackhi_ps(r[o + 2], r[o + 3]);
+      u[o] = _mm512_shuffle_ps(t[o], t[o + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      u[o + 1] = _mm512_shuffle_ps(t[o], t[o + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      u[o + 2] = _mm512_shuffle_ps(t[o + 1], t[o + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      u[o + 3] = _mm512_shuffle_ps(t[o + 1], t[o + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+      const V a01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);   // [A0 A1 B0 B1]
+      const V a23 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);   // [A2 A3 B2 B3]
+      const V c01 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+      const V c23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+      r[c] = _mm512_shuffle_f32x4(a01, c01, 0x88);       // lane 0 of A, B, C, D
+      r[4 + c] = _mm512_shuffle_f32x4(a01, c01, 0xDD);   // lane 1
+      r[8 + c] = _mm512_shuffle_f32x4(a23, c23, 0x88);   // lane 2
+      r[12 + c] = _mm512_shuffle_f32x4(a23, c23, 0xDD);  // lane 3
+    }
+  }
   static float hsum(V v) { return _mm512_reduce_add_ps(v); }
 };
 
-const Kernels kAvx512 = make_kernels<Avx512>(SimdLevel::avx512);
+// constexpr: a constant table, ready before any static initializer could ask for it.
+constexpr Kernels kAvx512 = make_kernels<Avx512>(SimdLevel::avx512);
 
 }  // namespace
 

@@ -55,6 +55,14 @@ void mul_scaled_scalar(const float* x, const float* w, float s, float* y, int64_
   for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * s) * w[i];
 }
 
+void dot_multi_scalar(const float* q, int64_t n_q, int64_t q_stride, const float* k, int64_t n, float* out) {
+  for (int64_t g = 0; g < n_q; ++g) out[g] = dot_scalar(q + g * q_stride, k, n);
+}
+
+void axpy_multi_scalar(const float* a, int64_t n_q, const float* v, float* acc, int64_t acc_stride, int64_t n) {
+  for (int64_t g = 0; g < n_q; ++g) axpy_scalar(a[g], v, acc + g * acc_stride, n);
+}
+
 // Per weight row: convert a chunk of the row to f32 once, then dot it with every token.
 void gemv_scalar(const float* x, int64_t n_x, int64_t x_stride, const void* w, DType wt, int64_t in, int64_t r0,
                  int64_t r1, float* y, int64_t y_stride) {
@@ -115,7 +123,8 @@ void gemm_micro_scalar(const float* x, int64_t x_stride, int64_t m_count, const 
     }
 }
 
-const Kernels kScalar = [] {
+// constexpr: a constant table, ready before any static initializer could ask for it.
+constexpr Kernels kScalar = [] {
   Kernels k;
   k.level = SimdLevel::scalar;
   k.gemm_mr = kScalarMr;
@@ -126,6 +135,8 @@ const Kernels kScalar = [] {
   k.scale = scale_scalar;
   k.sum_sq = sum_sq_scalar;
   k.mul_scaled = mul_scaled_scalar;
+  k.dot_multi = dot_multi_scalar;
+  k.axpy_multi = axpy_multi_scalar;
   k.gemv = gemv_scalar;
   k.gemm_pack = gemm_pack_scalar;
   k.gemm_micro = gemm_micro_scalar;

@@ -14,6 +14,7 @@ namespace {
 
 constexpr int64_t kKc = 256;        // k-block: a packed panel row-block of kKc x nr floats stays in L1/L2
 constexpr int64_t kTileRows = 128;  // output rows per tile (a multiple of every level's gemm_nr)
+constexpr int64_t kMc = 240;        // tokens per x block (a multiple of 8 and 12: m tiles stay whole)
 constexpr int64_t kGemvMinWork = 1 << 16;  // weight elements per GEMV chunk before splitting
 
 bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
@@ -22,6 +23,8 @@ void gemm(const Kernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t
           int64_t out, float* y) {
   const int64_t nr = k.gemm_nr, mr = k.gemm_mr;
   const int64_t n_tiles = (out + kTileRows - 1) / kTileRows;
+  // Token tiles of near-equal size <= mr (16 tokens with mr = 12 run as 8 + 8, not 12 + 4).
+  const int64_t m_tiles = (n + mr - 1) / mr, m_step = (n + m_tiles - 1) / m_tiles;
   pool.parallel_for(n_tiles, [&](int64_t tb, int64_t te) {
     // packed [ceil(kTileRows / nr) panels][kKc][nr] f32, one per thread.
     std::vector<float> packed(((kTileRows + nr - 1) / nr) * nr * kKc);
@@ -31,19 +34,22 @@ void gemm(const Kernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t
       for (int64_t k0 = 0; k0 < in; k0 += kKc) {
         const int64_t kc = std::min(kKc, in - k0);
         k.gemm_pack(w, wt, in, r0, n_rows, k0, kc, packed.data());
-        // Panel outer, tokens inner: the panel (kc x nr floats, <= 32 KiB) stays in L1 while the
-        // x rows (mr x kc) stream from L2.
-        for (int64_t p = 0; p < n_panels; ++p) {
-          const int64_t nc = std::min(nr, n_rows - p * nr);
-          for (int64_t m0 = 0; m0 < n; m0 += mr) {
-            const int64_t mc = std::min(mr, n - m0);
-            k.gemm_micro(x + m0 * in + k0, in, mc, packed.data() + p * kc * nr, kc, y + m0 * out + r0 + p * nr, out,
-                         nc, k0 > 0);
+        // Token blocks of kMc (their x block, kMc x kc floats, stays in L2), then panel outer and
+        // tokens inner: the panel (kc x nr floats, <= 32 KiB) stays in L1 while x rows stream.
+        for (int64_t mb = 0; mb < n; mb += kMc) {
+          const int64_t me = std::min(n, mb + kMc);
+          for (int64_t p = 0; p < n_panels; ++p) {
+            const int64_t nc = std::min(nr, n_rows - p * nr);
+            for (int64_t m0 = mb; m0 < me; m0 += m_step) {
+              const int64_t mc = std::min(m_step, me - m0);
+              k.gemm_micro(x + m0 * in + k0, in, mc, packed.data() + p * kc * nr, kc, y + m0 * out + r0 + p * nr,
+                           out, nc, k0 > 0);
+            }
           }
         }
       }
     }
-  });
+  }, n * in * out < (int64_t{1} << 18) ? n_tiles : 1);  // tiny products stay on the caller
 }
 
 }  // namespace

@@ -1,0 +1,62 @@
+// Device-side helpers of the CUDA kernels: element loads/stores in f32 for every float dtype,
+// the type dispatch of launchers, warp reductions, and the launch-error check.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "kiln/backend/cuda/kernels.h"
+
+namespace kiln::backend::cuda {
+
+// A failed launch is a programming error (bad grid or resources): abort with the kernel's name.
+#define KILN_CUDA_LAUNCH_CHECK(what)                                                                   \
+  do {                                                                                                 \
+    cudaError_t e_ = cudaGetLastError();                                                               \
+    if (e_ != cudaSuccess) {                                                                           \
+      std::fprintf(stderr, "[cuda] launch of %s failed: %s\n", what, cudaGetErrorString(e_));          \
+      std::abort();                                                                                    \
+    }                                                                                                  \
+  } while (0)
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Calls F.template operator()<T>() with T the C++ type of dt.
+template <typename F>
+void dispatch(Dt dt, F&& f) {
+  switch (dt) {
+    case Dt::f32: f.template operator()<float>(); break;
+    case Dt::bf16: f.template operator()<__nv_bfloat16>(); break;
+    case Dt::f16: f.template operator()<__half>(); break;
+  }
+}
+
+inline unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
+  int64_t g = (n + threads - 1) / threads;
+  return static_cast<unsigned>(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+}  // namespace kiln::backend::cuda

@@ -1,0 +1,78 @@
+// The CUDA backend: bf16 activations with f32 accumulation (norms, softmax in f32), weights copied
+// to the device once and found again by their host address, cuBLASLt for dense bf16 GEMMs, own
+// kernels for everything else (kernels.h). Per-step buffers come from an arena (no cudaMalloc on
+// the decode path once warm) and decode steps replay as CUDA graphs (Backend::begin_graph).
+// Only this header is seen by host code and tests; CUDA types stay in the .cpp/.cu files.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "kiln/backend/backend.h"
+
+namespace kiln::backend::cuda {
+
+struct CudaStats {
+  int64_t device_mallocs = 0;   // cudaMalloc calls (weights, caches, arena growth)
+  int64_t arena_overflows = 0;  // per-step allocations that did not fit the arena
+  int64_t graph_captures = 0, graph_replays = 0;
+  int64_t arena_bytes = 0, weight_bytes = 0;
+};
+
+// Which attention kernel runs; auto picks the tensor-core prefill kernel when most tokens are
+// prompt tokens and head_dim allows, else the split-K decode kernel. Tests force each.
+enum class AttnKernel { automatic, decode, prefill };
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda; }
+  DType act_dtype() const override { return DType::bf16; }
+
+  Tensor alloc(DType t, Shape s) override;
+  Tensor upload(const Tensor& host) override;
+  Tensor to_host(const Tensor& t) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void fill_zero(Tensor& t) override;
+  void synchronize() override;
+
+  void begin_step() override;
+  void end_step() override;
+  bool begin_graph(uint64_t key) override;
+  void end_graph() override;
+  void prefetch_weight(const Tensor& host) override;
+
+  void embedding(const Weight& table, const Tensor& ids, Tensor& out) override;
+  void matmul(const Tensor& x, const Weight& w, Tensor& y) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus_w, Tensor& y) override;
+  void rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) override;
+  void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+                 const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) override;
+  void gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& y) override;
+  void scale(Tensor& x, float s) override;
+  void softcap(Tensor& x, float cap) override;
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) override;
+  void argmax_rows(const Tensor& x, Tensor& ids) override;
+
+  // Converts a device float tensor to another float dtype (tests; weights of other dtypes).
+  Tensor convert(const Tensor& t, DType to);
+  const CudaStats& stats() const;
+  void set_attention_kernel(AttnKernel k);
+  void set_graphs_enabled(bool on);
+  // KILN_CUDA_PROFILE=1: every op is timed with events (graphs off); report() prints a table.
+  std::string profile_report() const;
+  // Free and total device memory in bytes.
+  std::pair<size_t, size_t> memory_info() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::backend::cuda

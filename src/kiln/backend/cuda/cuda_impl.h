@@ -1,0 +1,140 @@
+// CudaBackend's private state, shared by cuda_backend.cpp (buffers, arena, graphs, weights) and
+// cuda_ops.cpp (op validation and dispatch, cuBLASLt). Host code only; kernels are in the .cu files.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/backend/cuda/cuda_backend.h"
+#include "kiln/backend/cuda/kernels.h"
+
+namespace kiln::backend::cuda {
+
+// Names the failed call and its error; device errors are not recoverable, bad input never gets here.
+#define CUDA_CHECK(call)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) ::kiln::fail("cuda", "{} failed: {} ({}:{})", #call, cudaGetErrorString(e_), \
+                                        __FILE__, __LINE__);                                      \
+  } while (0)
+#define CUBLAS_CHECK(call)                                                                             \
+  do {                                                                                                 \
+    cublasStatus_t s_ = (call);                                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) ::kiln::fail("cuda", "{} failed: cublas status {} ({}:{})", #call, \
+                                                  static_cast<int>(s_), __FILE__, __LINE__);           \
+  } while (0)
+
+// The per-step arena: one device buffer handed out as a stack. A Tensor's holder marks its record
+// dead when the last copy goes; dead records are popped from the top, so the LIFO lifetimes of a
+// forward pass (layer temporaries) reuse memory, and every step with the same shapes gets the same
+// addresses (which is what lets a captured graph be replayed).
+struct ArenaState {
+  std::shared_ptr<void> base;  // device memory
+  size_t capacity = 0;
+  struct Rec {
+    size_t offset, bytes;
+    bool live;
+  };
+  std::vector<Rec> stack;
+  size_t top = 0, high_water = 0, need = 0;  // need: the high-water mark including overflows
+  uint64_t alloc_hash = 0;                    // hash of (offset, bytes) since the last reset_hash
+};
+
+struct PinnedBuf {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  ~PinnedBuf() {
+    if (ptr) cudaFreeHost(ptr);
+  }
+};
+
+struct GemmKey {
+  int64_t m, n, k;
+  int ytype, bias, align;
+  bool operator<(const GemmKey& o) const {
+    return std::tie(m, n, k, ytype, bias, align) < std::tie(o.m, o.n, o.k, o.ytype, o.bias, o.align);
+  }
+};
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct CudaBackend::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 32u << 20;
+  CudaStats stats;
+  AttnKernel attn_kernel = AttnKernel::automatic;
+  int n_sms = 132;
+
+  // ---- per-step state
+  bool in_step = false;
+  std::shared_ptr<ArenaState> arena;
+  bool arena_overflowed = false;
+  std::shared_ptr<PinnedBuf> staging;  // pinned host memory for uploads inside a step
+  size_t staging_top = 0;
+  std::vector<std::shared_ptr<PinnedBuf>> download_pool;  // pinned buffers handed out by to_host
+
+  // ---- graphs
+  enum class Mode { eager, capture, replay } mode = Mode::eager;
+  bool graphs_enabled = true;
+  uint64_t graph_key = 0;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t alloc_hash = 0;
+  };
+  std::map<uint64_t, Graph> graphs;
+  std::set<uint64_t> seen;
+
+  // ---- weights: host address range -> device copy
+  struct Resident {
+    size_t bytes;
+    std::shared_ptr<void> host_holder, dev;
+  };
+  std::map<uintptr_t, Resident> resident;
+
+  std::map<GemmKey, GemmPlan> gemm_plans;
+
+  // ---- profiling (KILN_CUDA_PROFILE=1)
+  bool profile = false;
+  struct ProfEntry {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, ProfEntry> prof;
+  std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending;
+
+  bool skip() const { return mode == Mode::replay; }
+  void drop_graphs();
+  Tensor dev_alloc(DType t, Shape s);              // persistent cudaMalloc
+  Tensor arena_alloc(DType t, Shape s);            // per-step
+  Tensor resident_of(const Tensor& t, const char* op);  // device view of a weight
+  void flush_profile();
+};
+
+// Times one op with events when profiling (graphs are off then).
+class ProfScope {
+ public:
+  ProfScope(CudaBackend::Impl& im, const char* name);
+  ~ProfScope();
+
+ private:
+  CudaBackend::Impl& im_;
+  const char* name_;
+  cudaEvent_t a_ = nullptr, b_ = nullptr;
+};
+
+Dt dt_of(const Tensor& t, const char* op, const char* arg);
+
+}  // namespace kiln::backend::cuda

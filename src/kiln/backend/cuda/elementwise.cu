@@ -1,0 +1,301 @@
+// Row-wise and elementwise kernels of the CUDA backend: embedding gather, RMSNorm, RoPE, KV
+// writes, gated activations, add/scale/softcap, bias, row gather/scatter (MoE), argmax, convert.
+// Math is f32 whatever the storage type; each result is rounded once.
+#include <cfloat>
+
+#include "kiln/backend/cuda/common.cuh"
+
+namespace kiln::backend::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename TT, typename OT>
+__global__ void embedding_kernel(const TT* table, int64_t vocab, int64_t dim, const int32_t* ids, OT* out) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  const bool ok = id >= 0 && id < vocab;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x)
+    out[t * dim + d] = from_f<OT>(ok ? to_f(table[id * dim + d]) : 0.0f);
+}
+
+// One block per row: sum of squares in f32 (block reduction), then the scaled product.
+template <typename XT, typename WT, typename YT>
+__global__ void rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_plus, int64_t dim, YT* y) {
+  const int64_t r = blockIdx.x;
+  const XT* xr = x + r * dim;
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    float v = to_f(xr[d]);
+    ss += v * v;
+  }
+  __shared__ float part[32];
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) part[0] = v;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(part[0] / static_cast<float>(dim) + eps);
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    float wv = to_f(w[d]);
+    if (one_plus) wv += 1.0f;
+    y[r * dim + d] = from_f<YT>((to_f(xr[d]) * inv) * wv);
+  }
+}
+
+// One block per token; threads over (head, i < half). The angle is p * inv_freq[i] rounded to f32
+// as HF does; sincosf keeps full range reduction (no fast math), so large positions stay exact.
+template <typename T>
+__global__ void rope_kernel(T* x, int64_t heads, int64_t hd, const int32_t* pos, const float* inv_freq, int64_t half,
+                            float attn_factor) {
+  const int64_t t = blockIdx.x;
+  const float p = static_cast<float>(pos[t]);
+  for (int64_t item = threadIdx.x; item < heads * half; item += blockDim.x) {
+    const int64_t h = item / half, i = item % half;
+    float s, c;
+    sincosf(p * inv_freq[i], &s, &c);
+    c *= attn_factor;
+    s *= attn_factor;
+    T* v = x + (t * heads + h) * hd;
+    const float a = to_f(v[i]), b = to_f(v[i + half]);
+    v[i] = from_f<T>(a * c - b * s);
+    v[i + half] = from_f<T>(b * c + a * s);
+  }
+}
+
+template <typename T>
+__global__ void kv_write_kernel(const T* k, const T* v, int64_t width, const int32_t* slots, int64_t n_slots, T* kc,
+                                T* vc) {
+  const int64_t t = blockIdx.x;
+  const int64_t s = slots[t];
+  if (s < 0 || s >= n_slots) return;
+  for (int64_t d = threadIdx.x; d < width; d += blockDim.x) {
+    kc[s * width + d] = k[t * width + d];
+    vc[s * width + d] = v[t * width + d];
+  }
+}
+
+__device__ __forceinline__ float act_f(float g, int act) {
+  if (act == 0) return g / (1.0f + expf(-g));
+  if (act == 1) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+  return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
+}
+
+template <typename T>
+__global__ void gated_act_kernel(const T* g, const T* u, int act, int64_t n, T* o) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    o[i] = from_f<T>(act_f(to_f(g[i]), act) * to_f(u[i]));
+}
+
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = from_f<T>(to_f(x[i]) * s);
+}
+
+template <typename T>
+__global__ void softcap_kernel(T* x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = from_f<T>(cap * tanhf(to_f(x[i]) / cap));
+}
+
+template <typename YT, typename BT>
+__global__ void add_bias_kernel(YT* y, int64_t rows, int64_t cols, const BT* bias) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = from_f<YT>(to_f(y[i]) + to_f(bias[i % cols]));
+}
+
+__global__ void gather_rows_kernel(const char* x, int64_t row_bytes, const int32_t* rows, int64_t n_rows, char* out) {
+  const int64_t i = blockIdx.x;
+  const int64_t r = rows[i];
+  const bool ok = r >= 0 && r < n_rows;
+  for (int64_t b = threadIdx.x; b < row_bytes; b += blockDim.x) out[i * row_bytes + b] = ok ? x[r * row_bytes + b] : 0;
+}
+
+// Sequential over i (rows repeat) so the sums happen in the CPU's order; parallel over columns.
+template <typename T>
+__global__ void scatter_add_rows_kernel(const T* src, const int32_t* rows, const float* w, int64_t m, int64_t d,
+                                        int64_t n, T* dst) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= d) return;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t r = rows[i];
+    if (r < 0 || r >= n) continue;
+    dst[r * d + j] = from_f<T>(to_f(dst[r * d + j]) + w[i] * to_f(src[i * d + j]));
+  }
+}
+
+// One block per row: per-thread (max, first index), then a block reduction that keeps the first
+// index on ties (torch.argmax). NaN compares false and never wins.
+template <typename T>
+__global__ void argmax_kernel(const T* x, int64_t n, int32_t* ids) {
+  const T* xr = x + blockIdx.x * n;
+  float best = -FLT_MAX;
+  int32_t bi = -1;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = to_f(xr[j]);
+    if (bi < 0 || v > best) best = v, bi = static_cast<int32_t>(j);
+  }
+  __shared__ float sv[kThreads];
+  __shared__ int32_t si[kThreads];
+  sv[threadIdx.x] = best;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) {
+      float v2 = sv[threadIdx.x + o];
+      int32_t i2 = si[threadIdx.x + o];
+      if (i2 >= 0 && (si[threadIdx.x] < 0 || v2 > sv[threadIdx.x] || (v2 == sv[threadIdx.x] && i2 < si[threadIdx.x])))
+        sv[threadIdx.x] = v2, si[threadIdx.x] = i2;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ids[blockIdx.x] = si[0] < 0 ? 0 : si[0];
+}
+
+template <typename ST, typename DT>
+__global__ void convert_kernel(const ST* s, DT* d, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    d[i] = from_f<DT>(to_f(s[i]));
+}
+
+int row_threads(int64_t cols) { return cols >= 1024 ? 256 : cols >= 256 ? 128 : 64; }
+
+}  // namespace
+
+void launch_embedding(const void* table, Dt tt, int64_t vocab, int64_t dim, const int32_t* ids, int64_t n, void* out,
+                      Dt ot, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(tt, [&]<typename TT>() {
+    dispatch(ot, [&]<typename OT>() {
+      embedding_kernel<TT, OT><<<n, row_threads(dim), 0, s>>>(static_cast<const TT*>(table), vocab, dim, ids,
+                                                             static_cast<OT*>(out));
+    });
+  });
+  KILN_CUDA_LAUNCH_CHECK("embedding");
+}
+
+void launch_rms_norm(const void* x, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w, int64_t rows, int64_t dim,
+                     void* y, Dt yt, cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(xt, [&]<typename XT>() {
+    dispatch(wt, [&]<typename WT>() {
+      if (yt != xt) {
+        std::fprintf(stderr, "[cuda] rms_norm: y dtype must equal x dtype\n");
+        std::abort();
+      }
+      rms_norm_kernel<XT, WT, XT><<<rows, row_threads(dim), 0, s>>>(static_cast<const XT*>(x), static_cast<const WT*>(w),
+                                                                   eps, one_plus_w, dim, static_cast<XT*>(y));
+    });
+  });
+  KILN_CUDA_LAUNCH_CHECK("rms_norm");
+}
+
+void launch_rope(void* x, Dt xt, int64_t n, int64_t heads, int64_t head_dim, const int32_t* pos, const float* inv_freq,
+                 int64_t half, float attn_factor, cudaStream_t s) {
+  if (n == 0 || half == 0) return;
+  dispatch(xt, [&]<typename T>() {
+    rope_kernel<T><<<n, row_threads(heads * half), 0, s>>>(static_cast<T*>(x), heads, head_dim, pos, inv_freq, half,
+                                                          attn_factor);
+  });
+  KILN_CUDA_LAUNCH_CHECK("rope");
+}
+
+void launch_kv_write(const void* k, const void* v, Dt kt, int64_t n, int64_t width, const int32_t* slots,
+                     int64_t n_slots, void* k_cache, void* v_cache, Dt ct, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(kt, [&]<typename T>() {
+    kv_write_kernel<T><<<n, row_threads(width), 0, s>>>(static_cast<const T*>(k), static_cast<const T*>(v), width, slots,
+                                                       n_slots, static_cast<T*>(k_cache), static_cast<T*>(v_cache));
+  });
+  KILN_CUDA_LAUNCH_CHECK("kv_write");
+}
+
+void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(t, [&]<typename T>() {
+    gated_act_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<const T*>(gate),
+                                                                   static_cast<const T*>(up), act, n, static_cast<T*>(out));
+  });
+  KILN_CUDA_LAUNCH_CHECK("gated_act");
+}
+
+void launch_add(const void* a, const void* b, void* y, int64_t n, Dt t, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(t, [&]<typename T>() {
+    add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                             static_cast<T*>(y), n);
+  });
+  KILN_CUDA_LAUNCH_CHECK("add");
+}
+
+void launch_scale(void* x, int64_t n, float sc, Dt t, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(t, [&]<typename T>() { scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(x), n, sc); });
+  KILN_CUDA_LAUNCH_CHECK("scale");
+}
+
+void launch_softcap(void* x, int64_t n, float cap, Dt t, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(t, [&]<typename T>() { softcap_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(x), n, cap); });
+  KILN_CUDA_LAUNCH_CHECK("softcap");
+}
+
+void launch_add_bias(void* y, Dt yt, int64_t rows, int64_t cols, const void* bias, Dt bt, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  dispatch(yt, [&]<typename YT>() {
+    dispatch(bt, [&]<typename BT>() {
+      add_bias_kernel<YT, BT><<<grid_for(rows * cols, kThreads), kThreads, 0, s>>>(static_cast<YT*>(y), rows, cols,
+                                                                                   static_cast<const BT*>(bias));
+    });
+  });
+  KILN_CUDA_LAUNCH_CHECK("add_bias");
+}
+
+void launch_gather_rows(const void* x, int64_t row_bytes, const int32_t* rows, int64_t n_out, int64_t n_rows, void* out,
+                        cudaStream_t s) {
+  if (n_out == 0) return;
+  gather_rows_kernel<<<n_out, 128, 0, s>>>(static_cast<const char*>(x), row_bytes, rows, n_rows, static_cast<char*>(out));
+  KILN_CUDA_LAUNCH_CHECK("gather_rows");
+}
+
+void launch_scatter_add_rows(const void* src, const int32_t* rows, const float* weights, int64_t m, int64_t d,
+                             int64_t n, void* dst, Dt t, cudaStream_t s) {
+  if (m == 0 || d == 0) return;
+  dispatch(t, [&]<typename T>() {
+    scatter_add_rows_kernel<T><<<grid_for(d, 128), 128, 0, s>>>(static_cast<const T*>(src), rows, weights, m, d, n,
+                                                                static_cast<T*>(dst));
+  });
+  KILN_CUDA_LAUNCH_CHECK("scatter_add_rows");
+}
+
+void launch_argmax_rows(const void* x, Dt t, int64_t rows, int64_t n, int32_t* ids, cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(t, [&]<typename T>() { argmax_kernel<T><<<rows, kThreads, 0, s>>>(static_cast<const T*>(x), n, ids); });
+  KILN_CUDA_LAUNCH_CHECK("argmax_rows");
+}
+
+void launch_convert(const void* src, Dt st, void* dst, Dt dt, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(st, [&]<typename ST>() {
+    dispatch(dt, [&]<typename DT>() {
+      convert_kernel<ST, DT><<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<const ST*>(src),
+                                                                        static_cast<DT*>(dst), n);
+    });
+  });
+  KILN_CUDA_LAUNCH_CHECK("convert");
+}
+
+}  // namespace kiln::backend::cuda

@@ -1,0 +1,75 @@
+// Launchers of the CUDA backend's kernels: plain C++ signatures (raw device pointers, sizes, a
+// stream) so that cuda_backend.cpp, compiled by the host compiler, validates and dispatches while
+// the .cu files hold only device code. All launchers are asynchronous on `stream`; shapes are
+// checked by the caller. Dt names the element type of a float buffer.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kiln::backend::cuda {
+
+enum class Dt : int { f32 = 0, f16 = 1, bf16 = 2 };
+
+// out[t, :] = table[ids[t], :] (ids outside [0, vocab) give a zero row); table [vocab, dim].
+void launch_embedding(const void* table, Dt tt, int64_t vocab, int64_t dim, const int32_t* ids, int64_t n, void* out,
+                      Dt ot, cudaStream_t s);
+// y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w or 1 + w), f32 math, one rounding; y may be x.
+void launch_rms_norm(const void* x, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w, int64_t rows, int64_t dim,
+                     void* y, Dt yt, cudaStream_t s);
+// In-place rotate_half RoPE of x [n, heads, head_dim] over the first 2*half dims.
+void launch_rope(void* x, Dt xt, int64_t n, int64_t heads, int64_t head_dim, const int32_t* pos, const float* inv_freq,
+                 int64_t half, float attn_factor, cudaStream_t s);
+// caches[slots[t], :] = k[t, :] / v[t, :] for slots[t] in [0, n_slots) (negative: skipped).
+void launch_kv_write(const void* k, const void* v, Dt kt, int64_t n, int64_t width, const int32_t* slots,
+                     int64_t n_slots, void* k_cache, void* v_cache, Dt ct, cudaStream_t s);
+// out = act(gate) * up elementwise (act: 0 silu, 1 gelu_tanh, 2 gelu erf).
+void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s);
+void launch_add(const void* a, const void* b, void* y, int64_t n, Dt t, cudaStream_t s);
+void launch_scale(void* x, int64_t n, float s, Dt t, cudaStream_t st);
+void launch_softcap(void* x, int64_t n, float cap, Dt t, cudaStream_t st);
+// y[r, :] += bias[:] over rows of `cols`.
+void launch_add_bias(void* y, Dt yt, int64_t rows, int64_t cols, const void* bias, Dt bt, cudaStream_t s);
+// out[i] = x[rows[i]] (row_bytes each); rows outside [0, n_rows) give zero rows.
+void launch_gather_rows(const void* x, int64_t row_bytes, const int32_t* rows, int64_t n_out, int64_t n_rows, void* out,
+                        cudaStream_t s);
+// dst[rows[i]] += weights[i] * src[i] in order of i (rows may repeat); parallel over columns.
+void launch_scatter_add_rows(const void* src, const int32_t* rows, const float* weights, int64_t m, int64_t d,
+                             int64_t n, void* dst, Dt t, cudaStream_t s);
+// ids[r] = first index of the maximum of x[r, :].
+void launch_argmax_rows(const void* x, Dt t, int64_t rows, int64_t n, int32_t* ids, cudaStream_t s);
+// dst = src converted elementwise.
+void launch_convert(const void* src, Dt st, void* dst, Dt dt, int64_t n, cudaStream_t s);
+
+// y [n, out] = x [n, in] · w [out, in]ᵀ (+ bias [out]): weight-streaming GEMV for few tokens (any
+// weight dtype; 16-byte loads when rows are 16-byte aligned), f32 accumulation, one rounding.
+void launch_gemv(const void* x, Dt xt, int64_t n, int64_t in, const void* w, Dt wt, int64_t out, const void* bias,
+                 Dt bt, void* y, Dt yt, cudaStream_t s);
+constexpr int64_t kGemvMaxTokens = 8;  // tokens per weight pass; more go in further passes
+
+// Paged attention over a ragged batch (semantics of Backend::attention). q, out [n, n_heads *
+// head_dim] bf16; caches [n_blocks, block_size, n_kv_heads * head_dim] bf16.
+struct AttnArgs {
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const int32_t* block_tables;
+  const int32_t* token_seq;
+  const int32_t* token_pos;
+  void* out;
+  int n_tokens, n_seqs, n_heads, n_kv_heads, head_dim;
+  float scale, softcap;
+  int window, block_size, max_blocks;
+};
+// Split-K decode kernel: one block per (token, kv head, split) scores its key range for all heads
+// of the GQA group; a combine kernel merges the splits. `n_splits` > 1 needs `partials`
+// (f32, attention_partials_floats(...) of them). Works for any shape.
+int64_t attention_partials_floats(const AttnArgs& a, int n_splits);
+void launch_attention_decode(const AttnArgs& a, int n_splits, int keys_per_split, float* partials, cudaStream_t s);
+// Tensor-core (mma.sync bf16) flash-attention kernel for query tiles of 64 tokens; any batch
+// (tiles mixing sequences take one pass per sequence). head_dim must satisfy
+// attention_prefill_supported().
+bool attention_prefill_supported(int head_dim);
+void launch_attention_prefill(const AttnArgs& a, cudaStream_t s);
+
+}  // namespace kiln::backend::cuda

@@ -1,0 +1,126 @@
+// kiln serve: the OpenAI-compatible HTTP server, with mlx_lm.server's flag names where they
+// apply. Loads the model, starts the engine thread and the HTTP server, and runs until
+// SIGINT/SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include <xxhash.h>
+
+#include "kiln/base/json.h"
+#include "kiln/cli/commands.h"
+#include "kiln/cli/embedded.h"
+#include "kiln/cli/model_args.h"
+#include "kiln/engine/engine_thread.h"
+#include "kiln/server/chat_format.h"
+#include "kiln/server/server.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct ServeArgs {
+  ModelArgs model;
+  server::ServerConfig http;
+  std::string chat_template, chat_template_args;
+  float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  int top_k = 0, max_tokens = 512;
+  int batch = 8, max_batch_tokens = 2048;
+  double prompt_cache_gib = -1;
+  size_t prompt_cache_bytes = 2ull << 30;
+  size_t kv_cache_bytes = 0;
+};
+
+server::Server* g_server = nullptr;
+
+void on_signal(int) {
+  if (g_server) g_server->stop();
+}
+
+void run_serve(ServeArgs& a) {
+  auto m = a.model.load();
+  Json template_args = Json::object();
+  if (!a.chat_template_args.empty()) {
+    template_args = parse_json(a.chat_template_args, "--chat-template-args", "serve");
+    if (!template_args.is_object()) fail("serve", "--chat-template-args must be a JSON object");
+  }
+  server::ChatRenderer render = server::make_chat_renderer(*m->tokenizer, a.chat_template, template_args);
+
+  engine::EngineConfig ec;
+  ec.scheduler.max_seqs = a.batch;
+  ec.scheduler.max_batch_tokens = a.max_batch_tokens;
+  ec.kv_cache_bytes = a.kv_cache_bytes;
+  ec.prompt_cache_bytes = a.prompt_cache_bytes;
+  // The prefix cache's key: the model's identity (its path and config), so no cache is ever
+  // matched against another model's tokens.
+  std::string identity = m->path + "\n" + m->config.model_type + "\n" + std::to_string(m->config.vocab_size);
+  ec.model_key = XXH3_64bits(identity.data(), identity.size());
+  engine::Engine eng(*m->model, ec);
+  engine::EngineThread et(eng);
+
+  server::ApiLimits lim;
+  std::string name = m->path == kEmbeddedName ? "stories260K" : std::filesystem::path(m->path).filename().string();
+  if (name.empty()) name = m->path;
+  lim.model_ids = {name, m->path};
+  if (!a.model.model.empty()) lim.model_ids.push_back(a.model.model);
+  lim.context_length = eng.context_length();
+  lim.vocab_size = m->config.vocab_size;
+  lim.default_max_tokens = a.max_tokens;
+  lim.default_sampling.temperature = a.temp;
+  lim.default_sampling.top_p = a.top_p;
+  lim.default_sampling.top_k = a.top_k;
+  lim.default_sampling.min_p = a.min_p;
+  lim.max_n = std::max(1, std::min(16, 2 * a.batch));
+  a.http.stop_ids = m->eos_ids();
+
+  server::Server srv(a.http, *m->tokenizer, et, lim, render);
+  srv.bind();
+  g_server = &srv;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::fprintf(stderr, "kiln serve: %s on http://%s:%d (batch %d, %d KV blocks of %d tokens)\n", name.c_str(),
+               a.http.host.c_str(), srv.port(), a.batch, eng.blocks().n_blocks(), eng.blocks().block_size());
+  std::fflush(stderr);
+  srv.listen();
+  g_server = nullptr;
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  a->model.add_to(cmd);
+  auto& h = a->http;
+  cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", h.port, "Port to listen on (0: any free port, printed at startup)")
+      ->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--chat-template", a->chat_template, "A chat template (Jinja) to use instead of the tokenizer's");
+  cmd->add_option("--chat-template-args", a->chat_template_args,
+                  "JSON object of extra chat template variables (e.g. '{\"enable_thinking\": false}')");
+  cmd->add_option("--temp", a->temp, "Default sampling temperature")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--top-p", a->top_p, "Default nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "Default top-k (0 = off)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--min-p", a->min_p, "Default min-p")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  cmd->add_option("--max-tokens", a->max_tokens, "Default max tokens per completion")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Sequences decoded together (continuous batching)")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget per engine step (prefill chunks + decodes)")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--prompt-cache-bytes", a->prompt_cache_bytes, "Prefix cache size in bytes (0 = off)")->capture_default_str();
+  cmd->add_option("--kv-cache-bytes", a->kv_cache_bytes, "KV cache size in bytes for running sequences (0: batch x context)");
+  cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--cors-origin", h.cors_origin, "Send CORS headers allowing this origin (e.g. '*')");
+  cmd->add_option("--max-request-bytes", h.max_body_bytes, "Largest request body accepted (413 above)")->capture_default_str();
+  cmd->add_option("--timeout", h.request_timeout_s, "Seconds after which a request is cancelled")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--http-threads", h.http_threads, "HTTP worker threads (each open stream holds one)")
+      ->check(CLI::Range(4, 4096))->capture_default_str();
+  cmd->add_option("--max-queue", h.max_queue, "Requests waiting or running at most (503 above)")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->callback([a] { run_serve(*a); });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,72 @@
+// The OpenAI request schema as the server reads it: ApiError (a 4xx/5xx in OpenAI's error shape)
+// and the parsed, validated form of a /v1/completions or /v1/chat/completions body.
+// Parsing needs no model: only the tokenizer, the context length and the server's defaults.
+#pragma once
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kiln/base/json.h"
+#include "kiln/engine/sampler.h"
+#include "kiln/tokenizer/tokenizer.h"
+
+namespace kiln::server {
+
+// Thrown anywhere in request handling; the server answers {"error": {message, type, param, code}}.
+struct ApiError : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  ApiError(int status_, std::string message, std::string param_ = "", std::string code_ = "",
+           std::string type_ = "");
+  Json to_json() const;
+};
+
+// The server's defaults and limits that requests are checked against.
+struct ApiLimits {
+  std::vector<std::string> model_ids;  // names a request may give as "model" (first: the one reported)
+  int context_length = 0;
+  int vocab_size = 0;
+  int default_max_tokens = 512;
+  engine::SamplingParams default_sampling;
+  int max_n = 16;            // choices per request (n x prompts)
+  int max_logprobs = 20;
+};
+
+// One parsed completion or chat request.
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  std::vector<std::vector<int32_t>> prompts;  // token ids, one entry per prompt (chat: one)
+  std::vector<std::string> prompt_texts;      // text of each prompt (for echo)
+  engine::SamplingParams sampling;
+  int max_tokens = 0;
+  std::vector<std::string> stop;
+  int n = 1;
+  int logprobs = -1;          // top alternatives per token; -1: no logprobs
+  bool echo = false;
+  bool stream = false, include_usage = false;
+  bool return_token_ids = false;
+  int choices() const { return static_cast<int>(prompts.size()) * n; }
+};
+
+// A chat rendered to prompt text. A chat template writes its own special tokens; the fallback
+// for models without one (contents joined by newlines) is encoded like a plain prompt (with BOS).
+struct RenderedChat {
+  std::string text;
+  bool add_special_tokens = false;
+};
+// Renders normalized chat messages to a prompt; throws ApiError.
+using ChatRenderer = std::function<RenderedChat(const Json& messages, const Json& template_kwargs)>;
+
+// Parses the JSON text of a request body; malformed JSON or a non-object -> ApiError 400.
+Json parse_body(const std::string& body);
+CompletionRequest parse_completion(const Json& body, const tokenizer::Tokenizer& tok, const ApiLimits& lim);
+CompletionRequest parse_chat(const Json& body, const tokenizer::Tokenizer& tok, const ApiLimits& lim,
+                             const ChatRenderer& render);
+// Checks chat messages' shape (role, content as a string or text parts) and returns them with
+// content joined into plain strings.
+Json normalize_messages(const Json& messages);
+
+}  // namespace kiln::server

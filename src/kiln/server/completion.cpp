@@ -1,0 +1,359 @@
+// /v1/completions and /v1/chat/completions: submit one engine request per choice (prompts x n),
+// turn each choice's token events into text (streaming detokenizer, then stop strings), and
+// answer as one JSON body or as server-sent events. A failed write means the client left: the
+// request is cancelled at once, which frees its KV blocks.
+#include <httplib.h>
+
+#include <chrono>
+#include <random>
+
+#include "kiln/server/server.h"
+#include "kiln/server/stop_matcher.h"
+
+namespace kiln::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}{:016x}", prefix, rng());
+}
+
+struct LogprobEntry {
+  int32_t token;
+  float logprob;
+  std::vector<engine::TokenLogprob> top;
+};
+
+// One choice's progress: its tokens, the text emitted so far and what is still to send.
+struct Choice {
+  int index = 0, prompt = 0;
+  std::unique_ptr<tokenizer::StreamDecoder> detok;
+  std::unique_ptr<StopMatcher> stop;
+  std::string text, unsent;
+  std::vector<int32_t> tokens;
+  std::vector<LogprobEntry> lps;
+  size_t lps_sent = 0;
+  std::vector<std::vector<engine::TokenLogprob>> prompt_lp;
+  const char* finish = nullptr;  // set when done
+  bool started = false, first_chunk_sent = false;
+  int n_cached = 0;
+  Clock::time_point t_first, t_last;
+};
+
+}  // namespace
+
+// The state of one completion request, shared by the handler and (for streams) the content provider.
+struct Server::Ctx {
+  CompletionRequest req;
+  std::shared_ptr<engine::Channel> ch = std::make_shared<engine::Channel>();
+  std::vector<Choice> choices;
+  std::string id;
+  int64_t created = 0;
+  Clock::time_point t_submit, deadline;
+  std::string error;
+  int error_status = 0;
+  bool cancelled = false;
+  int n_done = 0;
+
+  std::string token_text(const tokenizer::Tokenizer& tok, int32_t id) const {
+    int32_t one[1] = {id};
+    return tok.decode(one, false);
+  }
+
+  // Applies one engine event to its choice. Returns true when the choice just finished.
+  bool apply(const tokenizer::Tokenizer& tok, engine::EngineThread& et, int ci, const engine::TokenEvent& e) {
+    Choice& c = choices[ci];
+    if (c.finish) return false;  // a stop string ended it already; late events are dropped
+    auto now = Clock::now();
+    if (!c.started) {
+      c.started = true;
+      c.t_first = now;
+      c.n_cached = e.n_cached;
+      c.prompt_lp = e.prompt_logprobs;
+    }
+    c.t_last = now;
+    if (e.reason == engine::FinishReason::error) {
+      error = e.error;
+      error_status = e.request_id == 0 ? 400 : 500;  // 0: the engine refused it before running
+      c.finish = "error";
+      return true;
+    }
+    if (e.token >= 0) {
+      c.tokens.push_back(e.token);
+      if (req.logprobs >= 0) c.lps.push_back({e.token, e.logprob, e.top});
+      if (e.reason != engine::FinishReason::stop) {  // an EOS token is not text
+        std::string piece = c.stop->push(c.detok->push(e.token));
+        c.text += piece;
+        c.unsent += piece;
+        if (c.stop->stopped()) {
+          c.finish = "stop";
+          if (!e.finished) et.cancel(ch, ci);
+          return true;
+        }
+      }
+    }
+    if (e.finished) {
+      std::string rest = c.stop->push(c.detok->flush());
+      if (!c.stop->stopped()) rest += c.stop->flush();
+      c.text += rest;
+      c.unsent += rest;
+      c.finish = (e.reason == engine::FinishReason::stop || c.stop->stopped()) ? "stop" : "length";
+      return true;
+    }
+    return false;
+  }
+
+  Json logprobs_json(const tokenizer::Tokenizer& tok, const Choice& c, size_t from, bool with_prompt) const {
+    if (req.logprobs < 0) return nullptr;
+    if (req.chat) {
+      Json content = Json::array();
+      for (size_t i = from; i < c.lps.size(); ++i) {
+        auto entry = [&](int32_t id, float lp) {
+          std::string s = token_text(tok, id);
+          return Json{{"token", s}, {"logprob", lp}, {"bytes", std::vector<uint8_t>(s.begin(), s.end())}};
+        };
+        Json e = entry(c.lps[i].token, c.lps[i].logprob);
+        Json top = Json::array();
+        for (auto& t : c.lps[i].top) top.push_back(entry(t.token, t.logprob));
+        e["top_logprobs"] = top;
+        content.push_back(e);
+      }
+      return Json{{"content", content}, {"refusal", nullptr}};
+    }
+    Json tokens = Json::array(), token_lps = Json::array(), tops = Json::array(), offsets = Json::array();
+    size_t offset = with_prompt || !req.echo ? 0 : 0;
+    auto add = [&](int32_t id, const Json& lp, const std::vector<engine::TokenLogprob>& top, bool has_top) {
+      std::string s = token_text(tok, id);
+      tokens.push_back(s);
+      token_lps.push_back(lp);
+      if (has_top) {
+        Json d = Json::object();
+        for (auto& t : top) d[token_text(tok, t.token)] = t.logprob;
+        tops.push_back(d);
+      } else {
+        tops.push_back(nullptr);
+      }
+      offsets.push_back(offset);
+      offset += s.size();
+    };
+    if (with_prompt) {
+      const auto& ids = req.prompts[c.prompt];
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (i == 0 || i >= c.prompt_lp.size() || c.prompt_lp[i].empty()) {
+          add(ids[i], nullptr, {}, false);
+        } else {
+          const auto& e = c.prompt_lp[i];
+          add(ids[i], e[0].logprob, std::vector<engine::TokenLogprob>(e.begin() + 1, e.end()), true);
+        }
+      }
+    }
+    for (size_t i = from; i < c.lps.size(); ++i) {
+      std::vector<engine::TokenLogprob> top = c.lps[i].top;
+      add(c.lps[i].token, c.lps[i].logprob, top, true);
+    }
+    return Json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  // usage and timings over all choices (each prompt counted once, through its first choice).
+  std::pair<Json, Json> usage_json() const {
+    int64_t prompt = 0, cached = 0, completion = 0;
+    Clock::time_point first = Clock::time_point::max(), last = t_submit;
+    for (auto& c : choices) {
+      completion += static_cast<int64_t>(c.tokens.size());
+      if (c.index % req.n == 0) {
+        prompt += static_cast<int64_t>(req.prompts[c.prompt].size());
+        cached += c.n_cached;
+      }
+      if (c.started) {
+        first = std::min(first, c.t_first);
+        last = std::max(last, c.t_last);
+      }
+    }
+    if (first == Clock::time_point::max()) first = last;
+    Json usage = {{"prompt_tokens", prompt},
+                  {"completion_tokens", completion},
+                  {"total_tokens", prompt + completion},
+                  {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    double prompt_ms = ms_between(t_submit, first), predicted_ms = ms_between(first, last);
+    Json timings = {{"prompt_n", prompt - cached},
+                    {"cache_n", cached},
+                    {"prompt_ms", prompt_ms},
+                    {"prompt_per_second", prompt_ms > 0 ? (prompt - cached) * 1000.0 / prompt_ms : 0.0},
+                    {"predicted_n", completion},
+                    {"predicted_ms", predicted_ms},
+                    {"predicted_per_second", predicted_ms > 0 ? completion * 1000.0 / predicted_ms : 0.0}};
+    return {usage, timings};
+  }
+
+  Json base(const char* object) const {
+    return Json{{"id", id}, {"object", object}, {"created", created}, {"model", req.model}};
+  }
+};
+
+static std::string sse(const Json& j) {
+  return "data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+}
+
+void Server::completion(const httplib::Request& hreq, httplib::Response& res, bool chat) {
+  auto ctx = std::make_shared<Ctx>();
+  Json body = parse_body(hreq.body);
+  ctx->req = chat ? parse_chat(body, tok_, lim_, render_) : parse_completion(body, tok_, lim_);
+  const CompletionRequest& r = ctx->req;
+  if (engine_.queue_depth() + active_.load() >= cfg_.max_queue)
+    throw ApiError(503, "the server is busy (too many requests queued); retry later", "", "server_busy", "server_error");
+
+  ctx->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  ctx->created = static_cast<int64_t>(std::time(nullptr));
+  ctx->t_submit = Clock::now();
+  ctx->deadline = ctx->t_submit + std::chrono::milliseconds(static_cast<int64_t>(cfg_.request_timeout_s * 1000));
+  for (int p = 0; p < static_cast<int>(r.prompts.size()); ++p)
+    for (int k = 0; k < r.n; ++k) {
+      Choice c;
+      c.index = p * r.n + k;
+      c.prompt = p;
+      c.detok = std::make_unique<tokenizer::StreamDecoder>(tok_, true);
+      c.stop = std::make_unique<StopMatcher>(r.stop);
+      ctx->choices.push_back(std::move(c));
+      engine::Request er;
+      er.prompt = r.prompts[p];
+      er.sampling = r.sampling;
+      if (er.sampling.seed && k > 0) *er.sampling.seed += k;  // n choices from one seed still differ
+      er.max_tokens = r.max_tokens;
+      er.stop_ids = cfg_.stop_ids;
+      er.logprobs = r.logprobs;
+      if (r.echo && r.logprobs >= 0) er.prompt_logprobs = r.logprobs;
+      engine_.submit(std::move(er), ctx->ch, c.index);
+    }
+  ++active_;
+
+  // Pumps events until every choice is done; `emit` is called after each batch of events.
+  // Returns false when emit fails (client gone) or the deadline passes.
+  auto pump = [this, ctx](const std::function<bool()>& emit) -> bool {
+    const int n = static_cast<int>(ctx->choices.size());
+    while (ctx->n_done < n && ctx->error.empty()) {
+      if (Clock::now() > ctx->deadline) {
+        ctx->error = fmt::format("the request timed out after {} s", cfg_.request_timeout_s);
+        ctx->error_status = 504;
+        break;
+      }
+      for (auto& item : ctx->ch->pop(std::chrono::milliseconds(50)))
+        if (ctx->apply(tok_, engine_, item.choice, item.event)) ++ctx->n_done;
+      if (!emit()) return false;
+    }
+    return true;
+  };
+  auto finish_request = [this, ctx]() {
+    if (ctx->n_done < static_cast<int>(ctx->choices.size()) || !ctx->error.empty()) engine_.cancel(ctx->ch);
+    --active_;
+  };
+
+  if (!r.stream) {
+    bool ok = pump([] { return true; });
+    finish_request();
+    if (!ok || !ctx->error.empty())
+      throw ApiError(ctx->error_status ? ctx->error_status : 500, ctx->error.empty() ? "the request failed" : ctx->error);
+    Json out = ctx->base(chat ? "chat.completion" : "text_completion");
+    Json choices = Json::array();
+    for (auto& c : ctx->choices) {
+      Json j = {{"index", c.index}, {"finish_reason", c.finish}};
+      if (chat) {
+        j["message"] = {{"role", "assistant"}, {"content", c.text}};
+        j["logprobs"] = ctx->logprobs_json(tok_, c, 0, false);
+      } else {
+        j["text"] = r.echo ? r.prompt_texts[c.prompt] + c.text : c.text;
+        j["logprobs"] = ctx->logprobs_json(tok_, c, 0, r.echo);
+      }
+      if (r.return_token_ids) {
+        j["token_ids"] = c.tokens;
+        j["prompt_token_ids"] = r.prompts[c.prompt];
+      }
+      choices.push_back(j);
+    }
+    out["choices"] = choices;
+    auto [usage, timings] = ctx->usage_json();
+    out["usage"] = usage;
+    out["timings"] = timings;
+    if (chat && r.return_token_ids) out["prompt_token_ids"] = r.prompts[0];
+    res.set_content(out.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+    return;
+  }
+
+  // Streaming: the provider runs on this HTTP thread after the handler returns.
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, ctx, chat, pump](size_t, httplib::DataSink& sink) {
+        const CompletionRequest& r = ctx->req;
+        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        auto chunk = [&](Choice& c, bool final) {
+          Json j = {{"index", c.index}, {"finish_reason", final ? Json(c.finish) : Json(nullptr)}};
+          Json lp = c.lps_sent < c.lps.size() || (final && r.logprobs >= 0) ? ctx->logprobs_json(tok_, c, c.lps_sent, false)
+                                                                            : Json(nullptr);
+          bool echo_now = !chat && r.echo && !c.first_chunk_sent;
+          if (echo_now && r.logprobs >= 0) lp = ctx->logprobs_json(tok_, c, c.lps_sent, true);
+          c.lps_sent = c.lps.size();
+          if (chat) {
+            Json delta = Json::object();
+            if (!c.first_chunk_sent) delta["role"] = "assistant";
+            if (!c.unsent.empty() || !c.first_chunk_sent) delta["content"] = c.unsent;
+            j["delta"] = delta;
+          } else {
+            j["text"] = echo_now ? r.prompt_texts[c.prompt] + c.unsent : c.unsent;
+          }
+          j["logprobs"] = lp;
+          if (final && r.return_token_ids) j["token_ids"] = c.tokens;
+          c.unsent.clear();
+          c.first_chunk_sent = true;
+          Json out = ctx->base(chat ? "chat.completion.chunk" : "text_completion");
+          out["choices"] = Json::array({j});
+          return write(sse(out));
+        };
+        std::vector<bool> final_sent(ctx->choices.size(), false);
+        auto emit = [&]() {
+          for (size_t i = 0; i < ctx->choices.size(); ++i) {
+            Choice& c = ctx->choices[i];
+            if (final_sent[i]) continue;
+            bool has_lp = r.logprobs >= 0 && c.lps_sent < c.lps.size();
+            if (c.finish && ctx->error.empty()) {
+              if ((!c.unsent.empty() || has_lp || !c.first_chunk_sent) && !chunk(c, false)) return false;
+              if (!chunk(c, true)) return false;
+              final_sent[i] = true;
+            } else if (!c.unsent.empty() || has_lp) {
+              if (!chunk(c, false)) return false;
+            }
+          }
+          return true;
+        };
+        bool ok = pump(emit);
+        if (ok && !ctx->error.empty()) {
+          ApiError e(ctx->error_status ? ctx->error_status : 500, ctx->error);
+          ok = write(sse(e.to_json()));
+        }
+        if (ok && ctx->error.empty() && r.include_usage) {
+          Json out = ctx->base(chat ? "chat.completion.chunk" : "text_completion");
+          out["choices"] = Json::array();
+          auto [usage, timings] = ctx->usage_json();
+          out["usage"] = usage;
+          out["timings"] = timings;
+          ok = write(sse(out));
+        }
+        if (ok) ok = write("data: [DONE]\n\n");
+        if (!ok) {
+          std::lock_guard<std::mutex> lk(counters_.mu);
+          ++counters_.cancelled;
+        }
+        ctx->cancelled = !ok;
+        if (ok) sink.done();
+        return ok;
+      },
+      [this, ctx, finish_request](bool) { finish_request(); });
+}
+
+}  // namespace kiln::server
