@@ -1,6 +1,7 @@
 // model_bench: prefill and decode throughput of one model through the engine (the path
 // `kiln generate` and the server use), and the bytes one decode token reads.
-// Usage: model_bench [--model DIR] [--prefill N] [--decode N] [--batch B] [--repeat R]
+// Usage: model_bench [--model DIR] [--device cpu|cuda] [--prefill N] [--decode N] [--batch B] [--repeat R]
+//                    [--plan B:P:D,B:P:D,...]   (several runs over one loaded model; overrides the above)
 // Prints one JSON object per line: {"model", "prefill_tokens", "prefill_tok_s", "decode_tok_s", ...}.
 #include <chrono>
 #include <cstdio>
@@ -11,6 +12,9 @@
 #include "kiln/cli/embedded.h"
 #include "kiln/engine/engine.h"
 #include "kiln/engine/loader.h"
+#ifdef KILN_HAVE_CUDA
+#include "kiln/backend/cuda/cuda_backend.h"
+#endif
 
 using namespace kiln;
 using Clock = std::chrono::steady_clock;
@@ -31,8 +35,12 @@ double weight_bytes_per_token(const engine::LoadedModel& m) {
 
 }  // namespace
 
+struct PlanEntry {
+  int batch, prefill, decode;
+};
+
 int main(int argc, char** argv) {
-  std::string model;
+  std::string model, device = "cpu", plan_arg;
   int prefill = 128, decode = 64, batch = 1, repeat = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
@@ -41,15 +49,34 @@ int main(int argc, char** argv) {
     else if (k == "--decode") decode = std::atoi(argv[i + 1]);
     else if (k == "--batch") batch = std::atoi(argv[i + 1]);
     else if (k == "--repeat") repeat = std::atoi(argv[i + 1]);
+    else if (k == "--device") device = argv[i + 1];
+    else if (k == "--plan") plan_arg = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
   }
   try {
-    auto m = model.empty() ? engine::load_model_from_memory(cli::embedded_model_files(), cli::kEmbeddedName)
-                           : engine::load_model(model);
+    engine::LoadOptions opt;
+    opt.device = device;
+    auto m = model.empty() ? engine::load_model_from_memory(cli::embedded_model_files(), cli::kEmbeddedName, opt)
+                           : engine::load_model(model, opt);
     const auto& c = m->config;
+    std::vector<PlanEntry> plan;
+    for (size_t pos = 0; pos < plan_arg.size();) {
+      size_t end = plan_arg.find(',', pos);
+      if (end == std::string::npos) end = plan_arg.size();
+      PlanEntry e{};
+      if (std::sscanf(plan_arg.substr(pos, end - pos).c_str(), "%d:%d:%d", &e.batch, &e.prefill, &e.decode) != 3) {
+        std::fprintf(stderr, "--plan entries are BATCH:PREFILL:DECODE\n");
+        return 2;
+      }
+      plan.push_back(e);
+      pos = end + 1;
+    }
+    if (plan.empty()) plan.push_back({batch, prefill, decode});
+    for (const PlanEntry& pe : plan) {
+    batch = pe.batch, prefill = pe.prefill, decode = pe.decode;
     prefill = std::min(prefill, c.max_position_embeddings - decode - 1);
     double best_prefill = 1e30, best_decode = 1e30;
     for (int rep = 0; rep < repeat; ++rep) {
@@ -74,9 +101,10 @@ int main(int argc, char** argv) {
       best_decode = std::min(best_decode, std::chrono::duration<double>(t2 - t1).count());
     }
     double wb = weight_bytes_per_token(*m);
-    // KV bytes read per decode token at the mean context (K and V, f32 on the CPU).
-    double kv = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 4 * (prefill + decode / 2.0);
+    // KV bytes read per decode token at the mean context (K and V in the activation dtype).
+    double kv = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * dtype_size(m->backend->act_dtype()) * (prefill + decode / 2.0);
     Json j = {{"model", model.empty() ? "stories260K (embedded)" : model},
+              {"device", m->backend->name()},
               {"prefill_tokens", prefill},
               {"batch", batch},
               {"prefill_tok_s", batch * prefill / best_prefill},
@@ -86,6 +114,13 @@ int main(int argc, char** argv) {
               {"kv_bytes_per_token", kv},
               {"bytes_per_decode_step", wb + batch * kv}};
     std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+    }
+#ifdef KILN_HAVE_CUDA
+    // KILN_CUDA_PROFILE=1: per-op device time over all the runs above (graphs off while profiling).
+    if (auto* cb = dynamic_cast<backend::cuda::CudaBackend*>(m->backend.get()); cb && std::getenv("KILN_CUDA_PROFILE"))
+      std::fprintf(stderr, "%s", cb->profile_report().c_str());
+#endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "model_bench: %s\n", e.what());
     return 1;

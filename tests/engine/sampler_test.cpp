@@ -64,7 +64,7 @@ TEST(Sampler, TopPKeepsSmallestMass) {
 TEST(Sampler, MinPDropsUnlikely) {
   SamplingParams p;
   p.temperature = 1.0f;
-  p.min_p = 0.5f;  // keeps tokens with p >= 0.5 * p_max: ids 1, 4, 2
+  p.min_p = 0.3f;  // keeps p >= 0.3 * p_max: ids 1 (1.0), 4 (0.90), 2 (0.37); drops 0 (0.14), 3 (0.08)
   p.seed = 5;
   auto h = histogram(p, 1000);
   EXPECT_EQ(h.count(0), 0u);

@@ -116,12 +116,14 @@ TEST(Scheduler, PreemptsNewestByRecompute) {
   s.add(b.get());
   complete(s.schedule());  // both prefilled: 2 blocks each, all 4 used; each has 8 tokens now
   EXPECT_EQ(bm.n_free(), 0);
+  complete(s.schedule());  // both decode position 7, still inside their second block; 9 tokens each
+  EXPECT_EQ(bm.n_free(), 0);
   // Next decode: a needs position 8 -> a third block; b (the newest) is preempted for it.
   auto c = s.schedule();
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].seq, a.get());
   EXPECT_EQ(b->n_computed, 0);     // recompute from scratch later
-  EXPECT_EQ(b->tokens.size(), 8u);  // its generated token is kept
+  EXPECT_EQ(b->tokens.size(), 9u);  // its generated tokens are kept
   EXPECT_EQ(b->n_preempted, 1);
   EXPECT_EQ(s.waiting().front(), b.get());
   EXPECT_EQ(s.n_preemptions(), 1);
@@ -137,4 +139,24 @@ TEST(Scheduler, RemoveFreesBlocksEverywhere) {
   s.remove(a.get());
   EXPECT_EQ(bm.n_free(), 8);
   EXPECT_TRUE(s.empty());
+}
+
+TEST(Scheduler, PromptLogprobsPrefillRunsInBoundedChunks) {
+  // Every prompt position's logits are returned for prompt logprobs: chunks stay <= 256 rows.
+  BlockManager bm(64, 16);
+  Scheduler s({1000, 8}, bm);
+  Request r;
+  r.prompt.assign(600, 7);
+  r.prompt_logprobs = 0;
+  Sequence a(1, std::move(r));
+  s.add(&a);
+  auto c = s.schedule();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].n_tokens, 256);
+  EXPECT_FALSE(c[0].wants_logits);
+  complete(c);
+  complete(s.schedule());
+  auto last = s.schedule();
+  EXPECT_EQ(last[0].n_tokens, 600 - 512);
+  EXPECT_TRUE(last[0].wants_logits);
 }

@@ -73,7 +73,7 @@ TEST(JinjaRender, MatchesJinja2) {
 TEST(JinjaRender, WhitespaceControlAndTrimming) {
   // trim_blocks drops the newline after a block tag; lstrip_blocks the indentation before it.
   EXPECT_EQ(render("a\n  {% if t %}\n  x\n  {% endif %}\nb\n"), "a\n  x\nb");
-  EXPECT_EQ(render("a\n  {%- if t %}\n  x\n  {%+ endif %}\nb"), "a\n  x\n  b");
+  EXPECT_EQ(render("a\n  {%- if t %}\n  x\n  {%+ endif %}\nb"), "a  x\n  b");
   EXPECT_EQ(render("{{ 1 }}  {% if t %}x{% endif %}"), "1  x");
   EXPECT_EQ(render("{{- ' a ' -}}\n\n{{- 'b' }}  \n"), " a b  ");
   EXPECT_EQ(render("a {# comment #}\nb\n  {# c2 #}\nc {#- c3 -#}   d"), "a b\ncd");

@@ -78,6 +78,11 @@ TEST_F(TokenizerErrors, MalformedTokenizerJson) {
   expect_one_line(load_error(), "regex /(unclosed/ does not compile");
   write("tokenizer.json", R"({"normalizer": {"type": "Fancy"}, "model": {"type": "BPE", "vocab": {"a": 0}}})");
   expect_one_line(load_error(), "unsupported normalizer type \"Fancy\"");
+  // A template id that no token has would index past the embedding table.
+  write("tokenizer.json", R"({"post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+                              {"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [7]}}},
+                              "model": {"type": "BPE", "vocab": {"a": 0}}})");
+  expect_one_line(load_error(), "post_processor id 7 is not a token");
   write("tokenizer.json", R"({"decoder": {"type": "ByteLevel"}, "added_tokens": [{"content": "x"}],
                               "model": {"type": "BPE", "vocab": {"a": 0}}})");
   expect_one_line(load_error(), "added token id must be an integer");

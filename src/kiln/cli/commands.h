@@ -9,5 +9,7 @@ void add_generate(CLI::App& app);
 void add_synth(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_apply_template(CLI::App& app);
+void add_convert(CLI::App& app);
+void add_perplexity(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   kiln::cli::add_synth(app);
   kiln::cli::add_serve(app);
   kiln::cli::add_apply_template(app);
+  kiln::cli::add_convert(app);
+  kiln::cli::add_perplexity(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "kiln/base/json.h"
+#include "kiln/base/log.h"
 #include "kiln/cli/commands.h"
 #include "kiln/cli/embedded.h"
 #include "kiln/cli/model_args.h"
@@ -44,7 +45,18 @@ void run_serve(ServeArgs& a) {
     template_args = parse_json(a.chat_template_args, "--chat-template-args", "serve");
     if (!template_args.is_object()) fail("serve", "--chat-template-args must be a JSON object");
   }
-  server::ChatRenderer render = server::make_chat_renderer(*m->tokenizer, a.chat_template, template_args);
+  // The chat template: --chat-template (template text, as mlx_lm.server takes it), else the
+  // folder's; the embedded model has none.
+  std::optional<tokenizer::ChatTemplate> tmpl;
+  bool is_dir = std::filesystem::is_directory(m->path);
+  if (!a.chat_template.empty())
+    tmpl = is_dir ? tokenizer::ChatTemplate::from_model_dir_with_template(m->path, a.chat_template)
+                  : tokenizer::ChatTemplate::from_string(a.chat_template, m->tokenizer->bos_token(),
+                                                         m->tokenizer->eos_token());
+  else if (is_dir)
+    tmpl = tokenizer::ChatTemplate::from_model_dir(m->path);
+  if (!tmpl) log::info("{} has no chat template: chat joins message contents with newlines", m->path);
+  server::ChatRenderer render = server::make_chat_renderer(std::move(tmpl), template_args);
 
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = a.batch;

@@ -11,7 +11,7 @@ namespace kiln::engine {
 void Channel::push(int choice, TokenEvent e) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    items_.push_back({choice, std::move(e)});
+    items_.push_back({choice, std::move(e), std::chrono::steady_clock::now()});
   }
   cv_.notify_one();
 }

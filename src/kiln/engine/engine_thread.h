@@ -21,6 +21,7 @@ class Channel {
   struct Item {
     int choice = 0;
     TokenEvent event;
+    std::chrono::steady_clock::time_point time;  // when the engine reported it
   };
   void push(int choice, TokenEvent e);
   // Waits up to `timeout` for items; returns what is there (possibly nothing).

@@ -5,6 +5,14 @@
 
 namespace kiln::engine {
 
+// Tokens a sequence may run this step. A prefill that returns logits for every position (prompt
+// logprobs) runs in chunks of at most kMaxLogitRows, bounding the [rows, vocab] logits it needs.
+static int chunk_limit(const Sequence& s) {
+  constexpr int kMaxLogitRows = 256;
+  if (s.prompt_logprobs >= 0 && s.n_computed < s.n_prompt) return std::min(s.n_pending(), kMaxLogitRows);
+  return s.n_pending();
+}
+
 void Scheduler::preempt(Sequence* s) {
   blocks_.release(s->blocks);
   s->n_computed = 0;
@@ -29,7 +37,7 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
   // 1. Running sequences, oldest first. If one cannot get blocks, preempt the newest others.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* s = running_[i];
-    int n = std::min(s->n_pending(), budget);
+    int n = std::min(chunk_limit(*s), budget);
     if (n <= 0) {
       ++i;
       continue;
@@ -58,7 +66,7 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
       s->n_computed = got * blocks_.block_size();
       s->n_committed_blocks = got;  // the blocks after these are fresh: commit them as they fill
     }
-    int n = std::min(s->n_pending(), budget);
+    int n = std::min(chunk_limit(*s), budget);
     if (!blocks_.ensure(s->blocks, s->n_computed + n)) {
       blocks_.release(s->blocks);  // give back the cached prefix; it is looked up again next time
       s->n_computed = 0;

@@ -53,9 +53,12 @@ ModelConfig ModelConfig::from_json(const std::string& config_json, const std::st
   if (j.contains("text_config") && j["text_config"].is_object() && !j.contains("num_hidden_layers")) {
     Json t = j["text_config"];
     if (!t.contains("model_type") && j.contains("model_type")) t["model_type"] = j["model_type"];
+    for (const char* k : {"quantization", "quantization_config"})  // mlx-lm keeps these at the top level
+      if (j.contains(k) && !t.contains(k)) t[k] = j[k];
     j = t;
   }
   c.raw = j;
+  c.quant = quant::QuantConfig::from_model_config(j, where);
   c.model_type = json_require<std::string>(j, "model_type", where);
   c.dim = json_require<int>(j, "hidden_size", where);
   c.n_layers = json_require<int>(j, "num_hidden_layers", where);

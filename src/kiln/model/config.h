@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/base/json.h"
+#include "kiln/quant/quant_config.h"
 
 namespace kiln::model {
 
@@ -56,6 +57,8 @@ struct ModelConfig {
   std::optional<int32_t> bos_id;
   GenerationDefaults generation;                    // generation_config.json (eos ids merged with config's)
   Json raw;                                         // the whole config.json, for family-specific keys
+  // config.json's MLX `quantization` section (per-module bits/group size); nullopt for a float model.
+  std::optional<quant::QuantConfig> quant;
 
   // Reads DIR/config.json (required) and DIR/generation_config.json (optional).
   static ModelConfig load_dir(const std::string& dir);

@@ -30,10 +30,8 @@ class Gemma final : public Model {
  public:
   Gemma(const ModelConfig& c, const io::WeightSet& ws, backend::Backend& be) : Model(c, be) {
     act_ = activation_from_name(c.hidden_act, "config.json");
-    embed_.w = ws.get("model.embed_tokens.weight");
-    if (embed_.w.ndim() != 2 || embed_.w.dim(1) != c.dim)
-      fail("weights", "model.embed_tokens.weight has shape {}; config.json says hidden_size {}", shape_str(embed_.w.shape), c.dim);
-    head_ = ws.has("lm_head.weight") && !c.tie_word_embeddings ? load_linear(ws, "lm_head") : embed_;
+    embed_ = load_embedding(ws, c);
+    head_ = ws.has("lm_head.weight") && !c.tie_word_embeddings ? load_linear(ws, "lm_head", c) : embed_;
     final_norm_ = load_vector(ws, "model.norm.weight");
     embed_scale_ = round_to_model_dtype(std::sqrt(static_cast<float>(c.dim)), c);
     double pre_attn = json_get<double>(c.raw, "query_pre_attn_scalar", "config.json").value_or(c.head_dim);
@@ -52,7 +50,7 @@ class Gemma final : public Model {
         L.post_attn_norm = {};
       }
       L.attn = load_attention(ws, p + "self_attn.", c);
-      L.mlp = load_mlp(ws, p + "mlp.");
+      L.mlp = load_mlp(ws, p + "mlp.", c);
       L.window = c.layer_is_sliding(i) ? c.sliding_window : 0;
       const RopeConfig* r = &c.rope_for_layer(i);
       auto it = std::find(rope_cfgs_.begin(), rope_cfgs_.end(), r);
@@ -71,7 +69,7 @@ class Gemma final : public Model {
     const DType t = be.act_dtype();
     std::vector<DeviceRope> ropes;
     for (const RopeConfig* r : rope_cfgs_) ropes.push_back(upload_rope(be, *r, c, in.max_position + 1));
-    const bool graphed = begin_step_graph(be, in, batch);
+    const bool graphed = begin_step_graph(be, in, batch, cache);
 
     Tensor x = be.alloc(t, {n, c.dim});  // [n_tokens, dim] the residual stream
     Tensor h = be.alloc(t, {n, c.dim});

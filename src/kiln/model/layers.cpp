@@ -3,25 +3,48 @@
 #include "kiln/model/layers.h"
 
 #include <algorithm>
+#include <optional>
+
+#include "kiln/quant/affine.h"
 
 namespace kiln::model {
 
 using backend::Weight;
 
-backend::Weight load_linear(const io::WeightSet& ws, const std::string& prefix) {
+backend::Weight load_linear(const io::WeightSet& ws, const std::string& prefix, const ModelConfig& c) {
   Weight w;
   w.w = ws.get(prefix + ".weight");
   if (w.w.ndim() != 2) fail("weights", "{}.weight must be 2-D, got {}", prefix, shape_str(w.w.shape));
   if (const Tensor* b = ws.find(prefix + ".bias")) w.bias = *b;
-  if (const Tensor* s = ws.find(prefix + ".scales")) {
-    w.scales = *s;
+  const bool has_scales = ws.has(prefix + ".scales");
+  std::optional<quant::QuantParams> qp;
+  if (c.quant) qp = c.quant->for_module(prefix, has_scales);
+  if (qp && !has_scales)
+    fail("weights", "{}: config.json's quantization section says {}-bit, but {}.scales is missing", prefix, qp->bits,
+         prefix);
+  if (has_scales && !qp)
+    fail("weights", "{} has .scales (a quantized layer) but config.json has no quantization section for it; "
+         "add mlx-lm's \"quantization\": {{\"group_size\": ..., \"bits\": ...}}", prefix);
+  if (qp) {
+    w.scales = ws.get(prefix + ".scales");
     w.biases = ws.get(prefix + ".biases");
-    fail("weights", "{}: quantized weights are not supported yet", prefix);
+    quant::check_layout(w.w, w.scales, w.biases, qp->bits, qp->group_size, prefix);
+    w.bits = qp->bits;
+    w.group_size = qp->group_size;
+    return w;
   }
   auto t = w.w.dtype;
   if (t != DType::f32 && t != DType::bf16 && t != DType::f16)
     fail("weights", "{}.weight has dtype {}; expected float32, bfloat16 or float16", prefix, dtype_name(t));
   return w;
+}
+
+backend::Weight load_embedding(const io::WeightSet& ws, const ModelConfig& c) {
+  Weight e = load_linear(ws, "model.embed_tokens", c);
+  if (e.in_features() != c.dim)
+    fail("weights", "model.embed_tokens.weight has {} columns; config.json says hidden_size {}", e.in_features(), c.dim);
+  e.bias = {};  // an embedding has no bias
+  return e;
 }
 
 Tensor load_vector(const io::WeightSet& ws, const std::string& name, bool required) {
@@ -57,9 +80,12 @@ StepInputs upload_step(backend::Backend& be, const Batch& b) {
   return s;
 }
 
-bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b) {
+bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b, const KvCache& cache) {
   if (in.n_tokens == 0 || in.n_tokens != in.n_seqs) return false;  // prefill runs eagerly
-  uint64_t key = static_cast<uint64_t>(in.n_tokens);
+  uint64_t key = 0;
+  for (size_t l = 0; l < cache.k.size(); ++l)  // a new cache (another engine) must not replay old graphs
+    key = key * 1000003u + reinterpret_cast<uintptr_t>(cache.k[l].data) + 7 * reinterpret_cast<uintptr_t>(cache.v[l].data);
+  key = key * 1000003u + static_cast<uint64_t>(in.n_tokens);
   key = key * 1000003u + static_cast<uint64_t>(in.n_out);
   key = key * 1000003u + static_cast<uint64_t>(in.max_blocks);
   key = key * 2u + (b.greedy_only ? 1u : 0u);
@@ -135,6 +161,12 @@ static Weight row_slice(const Weight& w, int64_t b, int64_t e) {
   Weight r;
   r.w = w.w.slice_rows(b, e);
   if (!w.bias.empty()) r.bias = w.bias.slice_rows(b, e);
+  if (w.quantized()) {  // rows of the packed weight and of its scales/biases go together
+    r.scales = w.scales.slice_rows(b, e);
+    r.biases = w.biases.slice_rows(b, e);
+    r.bits = w.bits;
+    r.group_size = w.group_size;
+  }
   return r;
 }
 
@@ -142,41 +174,41 @@ AttentionWeights load_attention(const io::WeightSet& ws, const std::string& p, c
   const int64_t q_out = static_cast<int64_t>(c.n_heads) * c.head_dim, kv_out = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
   AttentionWeights a;
   if (ws.has(p + "qkv_proj.weight")) {  // phi3: rows [q | k | v]
-    Weight qkv = load_linear(ws, p + "qkv_proj");
+    Weight qkv = load_linear(ws, p + "qkv_proj", c);
     check_rows(qkv, q_out + 2 * kv_out, p + "qkv_proj.weight");
     a.q = row_slice(qkv, 0, q_out);
     a.k = row_slice(qkv, q_out, q_out + kv_out);
     a.v = row_slice(qkv, q_out + kv_out, q_out + 2 * kv_out);
   } else {
-    a.q = load_linear(ws, p + "q_proj");
-    a.k = load_linear(ws, p + "k_proj");
-    a.v = load_linear(ws, p + "v_proj");
+    a.q = load_linear(ws, p + "q_proj", c);
+    a.k = load_linear(ws, p + "k_proj", c);
+    a.v = load_linear(ws, p + "v_proj", c);
     check_rows(a.q, q_out, p + "q_proj.weight");
     check_rows(a.k, kv_out, p + "k_proj.weight");
     check_rows(a.v, kv_out, p + "v_proj.weight");
   }
-  a.o = load_linear(ws, p + "o_proj");
+  a.o = load_linear(ws, p + "o_proj", c);
   a.q_norm = load_vector(ws, p + "q_norm.weight", false);
   a.k_norm = load_vector(ws, p + "k_norm.weight", false);
   return a;
 }
 
-MlpWeights load_mlp(const io::WeightSet& ws, const std::string& p) {
+MlpWeights load_mlp(const io::WeightSet& ws, const std::string& p, const ModelConfig& c) {
   MlpWeights m;
   if (ws.has(p + "gate_up_proj.weight")) {  // phi3: rows [gate | up]
-    Weight gu = load_linear(ws, p + "gate_up_proj");
+    Weight gu = load_linear(ws, p + "gate_up_proj", c);
     int64_t ffn = gu.out_features() / 2;
     m.gate = row_slice(gu, 0, ffn);
     m.up = row_slice(gu, ffn, 2 * ffn);
-    m.down = load_linear(ws, p + "down_proj");
+    m.down = load_linear(ws, p + "down_proj", c);
   } else if (ws.has(p + "w1.weight")) {  // mixtral experts
-    m.gate = load_linear(ws, p + "w1");
-    m.up = load_linear(ws, p + "w3");
-    m.down = load_linear(ws, p + "w2");
+    m.gate = load_linear(ws, p + "w1", c);
+    m.up = load_linear(ws, p + "w3", c);
+    m.down = load_linear(ws, p + "w2", c);
   } else {
-    m.gate = load_linear(ws, p + "gate_proj");
-    m.up = load_linear(ws, p + "up_proj");
-    m.down = load_linear(ws, p + "down_proj");
+    m.gate = load_linear(ws, p + "gate_proj", c);
+    m.up = load_linear(ws, p + "up_proj", c);
+    m.down = load_linear(ws, p + "down_proj", c);
   }
   return m;
 }

@@ -9,8 +9,13 @@
 
 namespace kiln::model {
 
-// A linear layer at `prefix` (prefix.weight, optional prefix.bias; quantized later via prefix.scales/.biases).
-backend::Weight load_linear(const io::WeightSet& w, const std::string& prefix);
+// A linear layer at `prefix` (prefix.weight, optional prefix.bias). A quantized one (MLX layout:
+// u32 prefix.weight plus prefix.scales/.biases) takes its bits/group size from config.json's
+// quantization section (per-module entry, else the defaults), as mlx-lm loads it.
+backend::Weight load_linear(const io::WeightSet& w, const std::string& prefix, const ModelConfig& c);
+// The token embedding at model.embed_tokens (float or quantized), checked against hidden_size; a
+// tied head uses it as its linear weight (a quantized table then serves as a quantized head).
+backend::Weight load_embedding(const io::WeightSet& w, const ModelConfig& c);
 // A norm or other plain vector weight; `required` false returns an empty tensor when absent.
 Tensor load_vector(const io::WeightSet& w, const std::string& name, bool required = true);
 
@@ -23,8 +28,9 @@ StepInputs upload_step(backend::Backend& be, const Batch& b);
 
 // Decode-only steps (one token per sequence) may be recorded once and replayed as a device graph
 // (CUDA graphs; a no-op on the CPU): returns true when the ops up to finish_step() are graphed.
-// The key names the step's shapes; the inputs uploaded by upload_step may change freely.
-bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b);
+// The key names the step's shapes and the KV cache's buffers (a graph records their addresses);
+// the inputs uploaded by upload_step may change freely.
+bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b, const KvCache& cache);
 // The end of a forward: logits f32 [n_out, vocab] on the device -> the host result (the logits, or
 // the argmax ids when b.greedy_only), closing the graph begun by begin_step_graph.
 Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, bool graphed);
@@ -57,7 +63,7 @@ struct MlpWeights {
 };
 // gate/up/down at PREFIX (gate_proj/up_proj/down_proj, or phi3's fused gate_up_proj), or with
 // Mixtral's names (w1 = gate, w3 = up, w2 = down).
-MlpWeights load_mlp(const io::WeightSet& ws, const std::string& prefix);
+MlpWeights load_mlp(const io::WeightSet& ws, const std::string& prefix, const ModelConfig& c);
 // out [n_tokens, dim] = down(act(gate(x)) * up(x)).
 void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation act, const Tensor& x, Tensor& out);
 

@@ -29,11 +29,9 @@ class Llama final : public Model {
  public:
   Llama(const ModelConfig& c, const io::WeightSet& ws, backend::Backend& be) : Model(c, be) {
     act_ = activation_from_name(c.hidden_act, "config.json");
-    embed_.w = ws.get("model.embed_tokens.weight");
-    if (embed_.w.ndim() != 2 || embed_.w.dim(1) != c.dim)
-      fail("weights", "model.embed_tokens.weight has shape {}; config.json says hidden_size {}", shape_str(embed_.w.shape), c.dim);
+    embed_ = load_embedding(ws, c);
     final_norm_ = load_vector(ws, "model.norm.weight");
-    if (ws.has("lm_head.weight") && !c.tie_word_embeddings) head_ = load_linear(ws, "lm_head");
+    if (ws.has("lm_head.weight") && !c.tie_word_embeddings) head_ = load_linear(ws, "lm_head", c);
     else head_ = embed_;
     for (int i = 0; i < c.n_layers; ++i) {
       std::string p = fmt::format("model.layers.{}.", i);
@@ -43,7 +41,7 @@ class Llama final : public Model {
       L.attn = load_attention(ws, p + "self_attn.", c);
       if (ws.has(p + "block_sparse_moe.gate.weight")) L.moe = load_moe(ws, p + "block_sparse_moe.", c);
       else if (ws.has(p + "mlp.gate.weight")) L.moe = load_moe(ws, p + "mlp.", c);
-      else L.mlp = load_mlp(ws, p + "mlp.");
+      else L.mlp = load_mlp(ws, p + "mlp.", c);
       L.window = c.layer_is_sliding(i) ? c.sliding_window : 0;
       has_moe_ |= L.moe.has_value();
       layers_.push_back(std::move(L));
@@ -59,7 +57,7 @@ class Llama final : public Model {
     const DType t = be.act_dtype();
     DeviceRope rope = upload_rope(be, c.rope, c, in.max_position + 1);
     // MoE routing reads the router logits on the host mid-step: such models run eagerly.
-    const bool graphed = !has_moe_ && begin_step_graph(be, in, batch);
+    const bool graphed = !has_moe_ && begin_step_graph(be, in, batch, cache);
 
     Tensor x = be.alloc(t, {n, c.dim});    // [n_tokens, dim] the residual stream
     Tensor h = be.alloc(t, {n, c.dim});    // normed input of a block

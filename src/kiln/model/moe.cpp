@@ -11,9 +11,9 @@ namespace kiln::model {
 
 MoeWeights load_moe(const io::WeightSet& ws, const std::string& p, const ModelConfig& c) {
   MoeWeights m;
-  m.router = load_linear(ws, p + "gate");
+  m.router = load_linear(ws, p + "gate", c);
   int n_experts = static_cast<int>(m.router.out_features());
-  for (int e = 0; e < n_experts; ++e) m.experts.push_back(load_mlp(ws, p + "experts." + std::to_string(e) + "."));
+  for (int e = 0; e < n_experts; ++e) m.experts.push_back(load_mlp(ws, p + "experts." + std::to_string(e) + ".", c));
   m.top_k = json_get<int>(c.raw, "num_experts_per_tok", "config.json").value_or(2);
   m.norm_topk_prob = c.model_type == "mixtral" ? true : json_get<bool>(c.raw, "norm_topk_prob", "config.json").value_or(false);
   if (m.top_k < 1 || m.top_k > n_experts)

@@ -217,10 +217,10 @@ CompletionRequest parse_completion(const Json& b, const tokenizer::Tokenizer& to
     add_text(p->get<std::string>());
   } else if (p->is_array()) {
     if (p->empty()) bad("prompt", "the prompt array is empty");
-    if (p->size() > static_cast<size_t>(lim.max_n)) bad("prompt", fmt::format("at most {} prompts", lim.max_n));
     if ((*p)[0].is_number()) {
       add_ids(*p);
     } else {
+      if (p->size() > static_cast<size_t>(lim.max_n)) bad("prompt", fmt::format("at most {} prompts", lim.max_n));
       for (const Json& x : *p) {
         if (x.is_string()) add_text(x.get<std::string>());
         else if (x.is_array()) add_ids(x);

@@ -39,7 +39,7 @@ struct Choice {
   std::string text, unsent;
   std::vector<int32_t> tokens;
   std::vector<LogprobEntry> lps;
-  size_t lps_sent = 0;
+  size_t lps_sent = 0, tokens_sent = 0;
   std::vector<std::vector<engine::TokenLogprob>> prompt_lp;
   const char* finish = nullptr;  // set when done
   bool started = false, first_chunk_sent = false;
@@ -68,10 +68,10 @@ struct Server::Ctx {
   }
 
   // Applies one engine event to its choice. Returns true when the choice just finished.
-  bool apply(const tokenizer::Tokenizer& tok, engine::EngineThread& et, int ci, const engine::TokenEvent& e) {
+  bool apply(const tokenizer::Tokenizer& tok, engine::EngineThread& et, int ci, const engine::TokenEvent& e,
+             Clock::time_point now) {
     Choice& c = choices[ci];
     if (c.finish) return false;  // a stop string ended it already; late events are dropped
-    auto now = Clock::now();
     if (!c.started) {
       c.started = true;
       c.t_first = now;
@@ -128,7 +128,7 @@ struct Server::Ctx {
       return Json{{"content", content}, {"refusal", nullptr}};
     }
     Json tokens = Json::array(), token_lps = Json::array(), tops = Json::array(), offsets = Json::array();
-    size_t offset = with_prompt || !req.echo ? 0 : 0;
+    size_t offset = 0;  // byte offset of each token's text in the returned text
     auto add = [&](int32_t id, const Json& lp, const std::vector<engine::TokenLogprob>& top, bool has_top) {
       std::string s = token_text(tok, id);
       tokens.push_back(s);
@@ -235,7 +235,7 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
 
   // Pumps events until every choice is done; `emit` is called after each batch of events.
   // Returns false when emit fails (client gone) or the deadline passes.
-  auto pump = [this, ctx](const std::function<bool()>& emit) -> bool {
+  auto pump = [this, ctx](const std::function<bool(bool)>& emit) -> bool {
     const int n = static_cast<int>(ctx->choices.size());
     while (ctx->n_done < n && ctx->error.empty()) {
       if (Clock::now() > ctx->deadline) {
@@ -243,9 +243,10 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
         ctx->error_status = 504;
         break;
       }
-      for (auto& item : ctx->ch->pop(std::chrono::milliseconds(50)))
-        if (ctx->apply(tok_, engine_, item.choice, item.event)) ++ctx->n_done;
-      if (!emit()) return false;
+      auto items = ctx->ch->pop(std::chrono::milliseconds(50));
+      for (auto& item : items)
+        if (ctx->apply(tok_, engine_, item.choice, item.event, item.time)) ++ctx->n_done;
+      if (!emit(!items.empty())) return false;
     }
     return true;
   };
@@ -255,7 +256,7 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
   };
 
   if (!r.stream) {
-    bool ok = pump([] { return true; });
+    bool ok = pump([](bool) { return true; });
     finish_request();
     if (!ok || !ctx->error.empty())
       throw ApiError(ctx->error_status ? ctx->error_status : 500, ctx->error.empty() ? "the request failed" : ctx->error);
@@ -291,7 +292,11 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
       "text/event-stream",
       [this, ctx, chat, pump](size_t, httplib::DataSink& sink) {
         const CompletionRequest& r = ctx->req;
-        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        auto last_write = Clock::now();
+        auto write = [&](const std::string& s) {
+          last_write = Clock::now();
+          return sink.write(s.data(), s.size());
+        };
         auto chunk = [&](Choice& c, bool final) {
           Json j = {{"index", c.index}, {"finish_reason", final ? Json(c.finish) : Json(nullptr)}};
           Json lp = c.lps_sent < c.lps.size() || (final && r.logprobs >= 0) ? ctx->logprobs_json(tok_, c, c.lps_sent, false)
@@ -310,25 +315,37 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
           j["logprobs"] = lp;
           if (final && r.return_token_ids) j["token_ids"] = c.tokens;
           c.unsent.clear();
+          c.tokens_sent = c.tokens.size();
           c.first_chunk_sent = true;
           Json out = ctx->base(chat ? "chat.completion.chunk" : "text_completion");
           out["choices"] = Json::array({j});
           return write(sse(out));
         };
         std::vector<bool> final_sent(ctx->choices.size(), false);
-        auto emit = [&]() {
+        auto emit_chunks = [&]() {
           for (size_t i = 0; i < ctx->choices.size(); ++i) {
             Choice& c = ctx->choices[i];
             if (final_sent[i]) continue;
-            bool has_lp = r.logprobs >= 0 && c.lps_sent < c.lps.size();
+            // New tokens always make a chunk, even when their text is held back (empty text):
+            // clients see progress at once (TTFT), and the write shows whether the client is there.
+            bool fresh = c.tokens.size() > c.tokens_sent || !c.unsent.empty();
             if (c.finish && ctx->error.empty()) {
-              if ((!c.unsent.empty() || has_lp || !c.first_chunk_sent) && !chunk(c, false)) return false;
+              if ((fresh || !c.first_chunk_sent) && !chunk(c, false)) return false;
               if (!chunk(c, true)) return false;
               final_sent[i] = true;
-            } else if (!c.unsent.empty() || has_lp) {
+            } else if (fresh) {
               if (!chunk(c, false)) return false;
             }
           }
+          return true;
+        };
+        // Writes the chunks that are due. When nothing went out for a second (queued), an SSE
+        // comment goes out instead: clients ignore it, and a write is how a closed connection shows.
+        auto emit = [&](bool progressed) {
+          auto before = last_write;
+          if (!emit_chunks()) return false;
+          if (last_write == before && (progressed || Clock::now() - last_write > std::chrono::seconds(1)))
+            return write(": keep-alive\n\n");
           return true;
         };
         bool ok = pump(emit);

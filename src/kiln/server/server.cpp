@@ -41,6 +41,7 @@ Server::Server(ServerConfig cfg, const tokenizer::Tokenizer& tok, engine::Engine
   http_->set_payload_max_length(cfg_.max_body_bytes);
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
+  http_->set_tcp_nodelay(true);  // SSE chunks are small: no Nagle delay on each token
   routes();
 }
 

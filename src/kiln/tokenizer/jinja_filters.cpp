@@ -136,13 +136,15 @@ Value round_filter(const Value& v, const ArgBinder& p) {
 }
 
 Value truncate_filter(const Value& v, const ArgBinder& p) {
-  std::u32string s = pystr::decode(to_str(v));
   int64_t len = p.get_or(0, Value::integer(255)).as_int();
   bool killwords = truthy(p.get_or(1, Value::boolean(false)));
   std::u32string end = pystr::decode(to_str(p.get_or(2, Value::string("..."))));
   int64_t leeway = p.get_or(3, Value::integer(5)).as_int();
   if (len < static_cast<int64_t>(end.size())) throw TemplateError("expected length >= " + std::to_string(end.size()));
-  if (static_cast<int64_t>(s.size()) <= len + leeway) return str_value(pystr::encode(s));
+  // jinja2 measures and returns the value itself; only strings can actually be cut.
+  if (length(v) <= len + leeway) return v;
+  if (!v.is_string()) throw TemplateError("truncate: cannot cut a " + type_name(v));
+  std::u32string s = pystr::decode(v.str());
   std::u32string head = s.substr(0, static_cast<size_t>(len - static_cast<int64_t>(end.size())));
   if (!killwords) {
     size_t sp = head.rfind(U' ');
@@ -153,6 +155,7 @@ Value truncate_filter(const Value& v, const ArgBinder& p) {
 
 // select/reject/selectattr/rejectattr.
 Value select_filter(const Value& v, const CallArgs& args, bool lookup_attr, bool keep) {
+  if (!truthy(v)) return Value::list({});  // jinja2 yields nothing for a falsy value of any type
   size_t off = 0;
   Value attr;
   if (lookup_attr) {
@@ -180,6 +183,7 @@ Value select_filter(const Value& v, const CallArgs& args, bool lookup_attr, bool
 
 Value map_filter(const Value& v, const CallArgs& args) {
   std::vector<Value> out;
+  if (!truthy(v)) return Value::list({});  // as select: a falsy value maps to nothing
   if (args.args.empty()) {
     const Value *attribute = nullptr, *fallback = nullptr;
     for (const auto& [k, val] : args.kwargs) {

@@ -94,7 +94,7 @@ bool apply_test(const std::string& name, const Value& v, const CallArgs& args) {
   if (name == "iterable") {
     return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined() || (v.is_object() && v.obj()->callable());
   }
-  if (name == "callable") return v.is_function() || (v.is_object() && v.obj()->callable());
+  if (name == "callable") return v.is_function() || v.is_undefined() || (v.is_object() && v.obj()->callable());
   if (name == "escaped") return v.is_markup();
   if (name == "odd" || name == "even") {
     Value m = binary_op("%", v, Value::integer(2));

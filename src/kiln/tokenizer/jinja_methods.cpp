@@ -255,7 +255,10 @@ bool has_method(const Value& obj, const std::string& name) {
 
 std::string object_desc(const Value& obj) {
   if (obj.is_none()) return "None";
-  return "'" + type_name(obj) + " object'";
+  std::string out = "'";  // appended piecewise: GCC 12 warns falsely (-Wrestrict) on a + chain here
+  out += type_name(obj);
+  out += " object'";
+  return out;
 }
 
 }  // namespace

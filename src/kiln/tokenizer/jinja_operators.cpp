@@ -55,10 +55,17 @@ bool is_intlike(const Value& v) { return v.is_int() || v.is_bool(); }
 
 std::string strip_ws(const std::string& s) { return pystr::strip(s, nullptr, true, true); }
 
+constexpr size_t kMaxString = size_t{1} << 28;  // 256 MiB: a runaway template fails instead of exhausting memory
+
+Value concat(std::string s, bool markup = false) {
+  if (s.size() > kMaxString) throw TemplateError("string result too large (over 256 MiB)");
+  return Value::string(std::move(s), markup);
+}
+
 }  // namespace
 
 Value binary_op(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") return Value::string(to_str(a) + to_str(b));
+  if (op == "~") return concat(to_str(a) + to_str(b));
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   if (op == "%" && a.is_string()) return Value::string(percent_format(a.str(), b));
@@ -106,9 +113,9 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       if (a.is_markup() || b.is_markup()) {
         std::string l = a.is_markup() ? a.str() : pystr::html_escape(a.str());
         std::string rr = b.is_markup() ? b.str() : pystr::html_escape(b.str());
-        return Value::string(l + rr, true);
+        return concat(l + rr, true);
       }
-      return Value::string(a.str() + b.str());
+      return concat(a.str() + b.str());
     }
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
       std::vector<Value> out = a.items();

@@ -189,6 +189,7 @@ class Parser {
   }
 
   StmtPtr parse_statement() {
+    Nest nest(*this, cur().line);
     if (cur().type != TokenType::Name) fail(cur().line, "tag name expected");
     const std::string tag = cur().value;
     int line = cur().line;
@@ -443,6 +444,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    Nest nest(*this, cur().line);
     if (is_name("not")) {
       auto e = make(ExprKind::Unary, next().line);
       e->name = "not";
@@ -518,6 +520,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    Nest nest(*this, cur().line);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       Token t = next();
@@ -768,9 +771,21 @@ class Parser {
     return n;
   }
 
+  // Nesting guard: jinja2 itself cannot go deeper (Python's recursion limit), and a bound keeps a
+  // hostile template from overflowing the stack.
+  struct Nest {
+    Nest(Parser& p, int line) : p_(p) {
+      if (++p_.nesting_ > kMaxNesting) p_.fail(line, "the template nests too deeply");
+    }
+    ~Nest() { --p_.nesting_; }
+    Parser& p_;
+  };
+  static constexpr int kMaxNesting = 200;
+
   std::vector<Token> toks_;
   size_t pos_ = 0;
   int loop_depth_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

@@ -13,7 +13,8 @@
 namespace kiln::tokenizer::jinja {
 namespace {
 
-constexpr int kMaxDepth = 200;  // nested macro calls / recursive loops
+constexpr int kMaxDepth = 200;                  // nested macro calls / recursive loops
+constexpr int64_t kMaxIterations = 10'000'000;  // loop iterations per render (chat templates need thousands)
 
 struct Scope {
   std::unordered_map<std::string, Value> vars;
@@ -73,11 +74,24 @@ class Renderer {
  public:
   enum class Flow { Normal, Break, Continue };
 
+  // Namespaces are the only mutable values, so every reference cycle passes through one
+  // (`set ns.me = ns`): emptying them all when the render ends frees everything.
+  ~Renderer() {
+    for (auto& ns : namespaces_) ns->attrs.entries.clear();
+  }
+
   std::string run(const Body& body, const DictData& context) {
     Scope* globals = new_scope(nullptr);
     DictData g;
     add_globals(g);
     for (auto& [k, v] : g.entries) globals->vars[k.str()] = v;
+    globals->vars["namespace"] = Value::function("namespace", [this](const CallArgs& a) {
+      Value v = call_value(scopes_.front().vars.at("dict"), a);  // dict(*args, **kwargs)
+      auto ns = std::make_shared<Namespace>();
+      ns->attrs = v.dict();
+      namespaces_.push_back(ns);
+      return Value::object(ns);
+    });
     Scope* root = new_scope(globals);
     for (const auto& [k, v] : context.entries) root->vars[to_str(k)] = v;
     std::string out;
@@ -219,6 +233,7 @@ class Renderer {
     }
     Value loop_value = Value::object(loop);
     for (size_t i = 0; i < items.size(); ++i) {
+      if (++iterations_ > kMaxIterations) throw TemplateError("the template ran more than 10000000 loop iterations");
       loop->index = i;
       Scope* iter_scope = new_scope(scope);
       assign(s.target, items[i], iter_scope);
@@ -412,8 +427,10 @@ class Renderer {
   }
 
   std::deque<Scope> scopes_;
+  std::vector<std::shared_ptr<Namespace>> namespaces_;
   int line_ = 0;
   int depth_ = 0;
+  int64_t iterations_ = 0;
 };
 
 }  // namespace

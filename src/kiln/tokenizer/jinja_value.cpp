@@ -12,8 +12,24 @@
 
 namespace kiln::tokenizer::jinja {
 
+namespace {
+
+// Bounds the nesting of data so that printing, comparing and freeing it never recurse deeply.
+uint32_t nested_depth(uint32_t child_max) {
+  if (child_max + 1 > Value::kMaxNesting) throw TemplateError("data nested too deeply (over 512 levels)");
+  return child_max + 1;
+}
+
+// Recursion guard for repr of objects, which may refer to themselves (`set ns.me = ns`).
+thread_local int repr_depth = 0;
+
+}  // namespace
+
 Value Value::list(std::vector<Value> items, bool tuple) {
   Value v = with_type(Type::List);
+  uint32_t child = 0;
+  for (const auto& x : items) child = std::max(child, x.depth_);
+  v.depth_ = nested_depth(child);
   v.list_ = std::make_shared<const std::vector<Value>>(std::move(items));
   v.flag_ = tuple;
   return v;
@@ -21,6 +37,9 @@ Value Value::list(std::vector<Value> items, bool tuple) {
 
 Value Value::dict(DictData data) {
   Value v = with_type(Type::Dict);
+  uint32_t child = 0;
+  for (const auto& [k, x] : data.entries) child = std::max(child, x.depth_);
+  v.depth_ = nested_depth(child);
   v.dict_ = std::make_shared<const DictData>(std::move(data));
   return v;
 }
@@ -166,7 +185,19 @@ std::string repr(const Value& v) {
       }
       return out + "}";
     }
-    case Value::Type::Object: return v.obj()->repr();
+    case Value::Type::Object: {
+      if (repr_depth > static_cast<int>(Value::kMaxNesting)) throw TemplateError("maximum recursion depth exceeded in repr");
+      ++repr_depth;
+      std::string r;
+      try {
+        r = v.obj()->repr();
+      } catch (...) {
+        --repr_depth;
+        throw;
+      }
+      --repr_depth;
+      return r;
+    }
     case Value::Type::Function: return "<function " + v.fn().name + ">";
   }
   return "";
@@ -242,7 +273,18 @@ int compare(const Value& a, const Value& b, const char* op) {
                       type_name(b) + "'");
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+namespace {
+
+Value from_json_at(const nlohmann::ordered_json& j, uint32_t depth);
+
+}  // namespace
+
+Value from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
+
+namespace {
+
+Value from_json_at(const nlohmann::ordered_json& j, uint32_t depth) {
+  if (depth > Value::kMaxNesting) throw TemplateError("JSON nested too deeply (over 512 levels)");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -257,20 +299,19 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& x : j) items.push_back(from_json(x));
+      for (const auto& x : j) items.push_back(from_json_at(x, depth + 1));
       return Value::list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       DictData d;
       d.entries.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.entries.emplace_back(Value::string(it.key()), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d.entries.emplace_back(Value::string(it.key()), from_json_at(it.value(), depth + 1));
       return Value::dict(std::move(d));
     }
     default: throw TemplateError("unsupported JSON value of type " + std::string(j.type_name()));
   }
 }
-
-namespace {
 
 void dump_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';

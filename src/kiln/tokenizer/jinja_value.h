@@ -102,6 +102,9 @@ class Value {
   const std::shared_ptr<Object>& obj() const { return obj_; }
   const Function& fn() const { return *fn_; }
   const ListPtr& list_ptr() const { return list_; }
+  // Nesting depth of lists/dicts (0 for scalars); creation fails past kMaxNesting.
+  uint32_t depth() const { return depth_; }
+  static constexpr uint32_t kMaxNesting = 512;
 
  private:
   static Value with_type(Type t) {
@@ -111,6 +114,7 @@ class Value {
   }
   Type type_ = Type::Undefined;
   bool flag_ = false;  // List: tuple; String: Markup (from |safe / |escape)
+  uint32_t depth_ = 0;
   int64_t i_ = 0;
   double f_ = 0;
   std::string s_;

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "kiln/base/mapped_file.h"
+#include "kiln/tokenizer/json_reader.h"
 #include "kiln/tokenizer/tokenizer_impl.h"
 
 namespace kiln::tokenizer {
@@ -211,6 +212,14 @@ std::unique_ptr<Tokenizer> assemble(std::unique_ptr<Bpe> model, const Pipeline& 
   m->model = std::move(model);
 
   parse_post_processor(get("post_processor"), where, m->prefix_ids, m->suffix_ids, 0);
+  // Ids the post-processor adds go straight to the model's embedding table: they must be tokens.
+  for (const auto* list : {&m->prefix_ids, &m->suffix_ids}) {
+    for (int32_t id : *list) {
+      if (!m->added.by_id(id) && !m->model->id_to_token(id)) {
+        fail("tokenizer", "{}: post_processor id {} is not a token of the vocabulary", where, id);
+      }
+    }
+  }
 
   bool has_config = !config_text.empty();
   m->bos_token = has_config ? config_token(config, "bos_token") : pipeline.default_bos;
@@ -275,7 +284,8 @@ void apply_llama_class_pipeline(Pipeline& p, const std::string& config_text, con
 
 std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& tokenizer_json, const std::string& config_text,
                                                const std::string& where, const std::string& config_where) {
-  Json j = parse_json(tokenizer_json, where, "tokenizer");
+  TokenizerJsonParts parts = read_tokenizer_json(tokenizer_json, where);
+  Json& j = parts.doc;
   if (!j.is_object()) fail("tokenizer", "{}: expected a JSON object at the top level", where);
   auto mit = j.find("model");
   if (mit == j.end() || !mit->is_object()) fail("tokenizer", "{}: missing the \"model\" object", where);
@@ -284,11 +294,8 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& tokenizer_json
   if (type != "BPE") {
     fail("tokenizer", "{}: model type \"{}\" is not supported (kiln reads BPE tokenizers)", where, type);
   }
-  auto vit = mj.find("vocab");
-  if (vit == mj.end() || !vit->is_object()) fail("tokenizer", "{}: model \"vocab\" must be an object", where);
-  TokenMap vocab;
-  vocab.reserve(vit->size());
-  for (const auto& [tok, id] : vit->items()) vocab.emplace(tok, checked_id(id, where, "vocab id"));
+  if (!parts.has_vocab) fail("tokenizer", "{}: model \"vocab\" must be an object", where);
+  if (mj.contains("merges") && !mj["merges"].is_null()) fail("tokenizer", "{}: model \"merges\" must be a list", where);
 
   BpeOptions opt;
   std::string at = where + " model";
@@ -298,32 +305,28 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& tokenizer_json
   opt.ignore_merges = json_bool(mj, "ignore_merges", at, false);
   opt.continuing_subword_prefix = json_str(mj, "continuing_subword_prefix", at, "");
   opt.end_of_word_suffix = json_str(mj, "end_of_word_suffix", at, "");
-  auto bpe = std::make_unique<Bpe>(std::move(vocab), opt, where);
+  auto bpe = std::make_unique<Bpe>(std::move(parts.vocab), opt, where);
 
   std::vector<std::pair<std::string, std::string>> merges;
-  if (auto it = mj.find("merges"); it != mj.end() && !it->is_null()) {
-    if (!it->is_array()) fail("tokenizer", "{}: model \"merges\" must be a list", where);
-    merges.reserve(it->size());
-    for (const auto& mg : *it) {
-      if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
-        merges.emplace_back(mg[0].get<std::string>(), mg[1].get<std::string>());
-      } else if (mg.is_string()) {
-        const std::string& s = mg.get_ref<const std::string&>();
-        // "a b": tokens may themselves hold spaces, so pick the split whose halves are both tokens.
-        size_t split = s.find(' ');
-        for (size_t p = split; p != std::string::npos; p = s.find(' ', p + 1)) {
-          if (bpe->token_to_id(std::string_view(s).substr(0, p)) && bpe->token_to_id(std::string_view(s).substr(p + 1))) {
-            split = p;
-            break;
-          }
-        }
-        if (split == std::string::npos) fail("tokenizer", "{}: merge \"{}\" is not \"a b\"", where, s.substr(0, 80));
-        merges.emplace_back(s.substr(0, split), s.substr(split + 1));
-      } else {
-        fail("tokenizer", "{}: a merge must be \"a b\" or [a, b], not a {}", where, mg.type_name());
+  merges.reserve(parts.merges.size());
+  for (auto& mg : parts.merges) {
+    if (mg.is_pair) {
+      merges.emplace_back(std::move(mg.a), std::move(mg.b));
+      continue;
+    }
+    const std::string& s = mg.a;
+    // "a b": tokens may themselves hold spaces, so pick the split whose halves are both tokens.
+    size_t split = s.find(' ');
+    for (size_t p = split; p != std::string::npos; p = s.find(' ', p + 1)) {
+      if (bpe->token_to_id(std::string_view(s).substr(0, p)) && bpe->token_to_id(std::string_view(s).substr(p + 1))) {
+        split = p;
+        break;
       }
     }
+    if (split == std::string::npos) fail("tokenizer", "{}: merge \"{}\" is not \"a b\"", where, s.substr(0, 80));
+    merges.emplace_back(s.substr(0, split), s.substr(split + 1));
   }
+  parts.merges.clear();
   bpe->set_merges(merges);
 
   Pipeline p;

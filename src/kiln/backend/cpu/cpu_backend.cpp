@@ -55,10 +55,21 @@ void CpuBackend::fill_zero(Tensor& t) { std::memset(t.data, 0, t.nbytes()); }
 // ---- ops
 
 void CpuBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
-  if (table.quantized()) fail("cpu", "quantized embedding not implemented yet");
   require_i32(ids, "embedding", "ids");
   require_f32(out, "embedding", "out");
   const Tensor& w = table.w;
+  if (table.quantized()) {  // gather + dequantize: one packed row per token
+    const QMatrix q = qmatrix_of(table);
+    const int64_t n = ids.numel(), dim = q.in;
+    if (out.numel() != n * dim) fail("cpu", "embedding: out {} for {} ids of dim {}", shape_str(out.shape), n, dim);
+    const int32_t* id = ids.ptr<int32_t>();
+    for (int64_t t = 0; t < n; ++t)
+      if (id[t] < 0 || id[t] >= q.out) fail("cpu", "embedding: token id {} out of range [0, {})", id[t], q.out);
+    pool_.parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) k_.qdequant(q, id[t], 0, dim, out.ptr<float>() + t * dim);
+    }, std::max<int64_t>(1, kElemChunk / std::max<int64_t>(1, dim)));
+    return;
+  }
   if (!is_float(w.dtype) || w.ndim() != 2) fail("cpu", "embedding: table must be a 2-D float tensor, got {} {}", dtype_name(w.dtype), shape_str(w.shape));
   const int64_t n = ids.numel(), vocab = w.dim(0), dim = w.dim(1);
   if (out.numel() != n * dim) fail("cpu", "embedding: out {} for {} ids of dim {}", shape_str(out.shape), n, dim);

@@ -14,6 +14,8 @@ namespace kiln::backend::cpu {
 // rows, split over threads); n >= kGemmMinTokens packs weight tiles into f32 panels (blocked GEMM).
 constexpr int64_t kGemmMinTokens = 12;
 void matmul(const Kernels& k, ThreadPool& pool, const Tensor& x, const Weight& w, Tensor& y);
+// The kernels' view of a quantized Weight (matmul.cpp); throws [cpu] when its tensors disagree in shape.
+QMatrix qmatrix_of(const Weight& w);
 
 // Paged attention with the semantics of Backend::attention (backend.h).
 void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

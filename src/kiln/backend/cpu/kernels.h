@@ -11,6 +11,22 @@ namespace kiln::backend::cpu {
 enum class SimdLevel { scalar = 0, avx2 = 1, avx512 = 2 };
 const char* simd_level_name(SimdLevel l);
 
+// A packed affine-quantized matrix in MLX's layout (docs/quantization.md): row r's `in` codes are
+// the LSB-first bit stream at w + r * row_bytes (row_bytes = in * bits / 8); value = scale * q + bias
+// with scales/biases [out, in / group_size] of dtype sdt (f32/bf16/f16). `end` is one past the last
+// byte of w: kernels never load past it (they copy the tail into a padded buffer instead).
+struct QMatrix {
+  const uint8_t* w = nullptr;
+  const uint8_t* end = nullptr;
+  int64_t row_bytes = 0;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  DType sdt = DType::f32;
+  int bits = 0, group_size = 0;
+  int64_t in = 0, out = 0;
+  int64_t n_groups() const { return in / group_size; }
+};
+
 struct Kernels {
   SimdLevel level = SimdLevel::scalar;
   // GEMM microkernel tile: gemm_mr tokens x gemm_nr output features; gemm_nr is also the width of
@@ -49,6 +65,13 @@ struct Kernels {
   // (overwrites when accumulate is false).
   void (*gemm_micro)(const float* x, int64_t x_stride, int64_t m_count, const float* panel, int64_t kc, float* y,
                      int64_t y_stride, int64_t n_count, bool accumulate);
+  // Quantized GEMV over rows [r0, r1), reading each packed row once for all n_x tokens:
+  //   y[t * y_stride + r] = sum_g scale[r,g] * (x_t[g-th group] . q[r, group g]) + bias[r,g] * xsum[t * n_groups + g]
+  // xsum [n_x, n_groups] holds each token's per-group sums of x (the bias term needs no codes).
+  void (*qgemv)(const float* x, int64_t n_x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0,
+                int64_t r1, float* y, int64_t y_stride);
+  // dst[k] = scale * q + bias of row r, columns [k0, k0 + kc); k0 and kc multiples of group_size.
+  void (*qdequant)(const QMatrix& w, int64_t r, int64_t k0, int64_t kc, float* dst);
 };
 
 // The tables; avx2/avx512 return nullptr when this build has no such translation unit.

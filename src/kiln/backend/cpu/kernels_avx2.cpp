@@ -44,6 +44,24 @@ struct Avx2 {
       r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
     }
   }
+  // 8 codes of BITS bits from the LSB-first stream at p (BITS bytes; loads 8): codes 0-3 sit in
+  // the low 32 bits of the 64-bit window and codes 4-7 in the 32 bits from bit 4 * BITS, so both
+  // halves come out of one variable shift per lane.
+  template <int BITS>
+  static V codes(const uint8_t* p) {
+    if constexpr (BITS == 8) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    } else {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      const int lo = static_cast<int>(static_cast<uint32_t>(v));
+      const int hi = static_cast<int>(static_cast<uint32_t>(v >> (4 * BITS)));
+      const __m256i w = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
+      const __m256i sh = _mm256_setr_epi32(0, BITS, 2 * BITS, 3 * BITS, 0, BITS, 2 * BITS, 3 * BITS);
+      const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(w, sh), _mm256_set1_epi32((1 << BITS) - 1));
+      return _mm256_cvtepi32_ps(q);
+    }
+  }
   static float hsum(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

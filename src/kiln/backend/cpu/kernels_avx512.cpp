@@ -55,6 +55,27 @@ struct Avx512 {
       r[12 + c] = _mm512_shuffle_f32x4(a23, c23, 0xDD);  // lane 3
     }
   }
+  // 16 codes of BITS bits from the LSB-first stream at p (2 * BITS bytes; loads up to 16): two
+  // 8-code halves (the second starts at byte BITS), each as in the AVX2 traits, joined.
+  template <int BITS>
+  static __m256i codes8(const uint8_t* p) {
+    if constexpr (BITS == 8) {
+      return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    } else {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      const int lo = static_cast<int>(static_cast<uint32_t>(v));
+      const int hi = static_cast<int>(static_cast<uint32_t>(v >> (4 * BITS)));
+      const __m256i w = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
+      const __m256i sh = _mm256_setr_epi32(0, BITS, 2 * BITS, 3 * BITS, 0, BITS, 2 * BITS, 3 * BITS);
+      return _mm256_and_si256(_mm256_srlv_epi32(w, sh), _mm256_set1_epi32((1 << BITS) - 1));
+    }
+  }
+  template <int BITS>
+  static V codes(const uint8_t* p) {
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(codes8<BITS>(p)), codes8<BITS>(p + BITS), 1);
+    return _mm512_cvtepi32_ps(q);
+  }
   static float hsum(V v) { return _mm512_reduce_add_ps(v); }
 };
 

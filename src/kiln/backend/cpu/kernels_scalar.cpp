@@ -9,6 +9,12 @@
 #include "kiln/backend/cpu/kernels.h"
 
 namespace kiln::backend::cpu {
+
+// kernels_q_scalar.cpp
+void qgemv_scalar(const float* x, int64_t n_x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0,
+                  int64_t r1, float* y, int64_t y_stride);
+void qdequant_scalar(const QMatrix& w, int64_t r, int64_t k0, int64_t kc, float* dst);
+
 namespace {
 
 inline float load(const void* p, DType t, int64_t i) {
@@ -140,6 +146,8 @@ constexpr Kernels kScalar = [] {
   k.gemv = gemv_scalar;
   k.gemm_pack = gemm_pack_scalar;
   k.gemm_micro = gemm_micro_scalar;
+  k.qgemv = qgemv_scalar;
+  k.qdequant = qdequant_scalar;
   return k;
 }();
 

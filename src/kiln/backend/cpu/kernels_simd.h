@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kiln/backend/cpu/kernels.h"
+#include "kiln/backend/cpu/kernels_q_simd.h"
 
 namespace kiln::backend::cpu {
 namespace {
@@ -342,6 +343,8 @@ constexpr Kernels make_kernels(SimdLevel level) {
   k.gemv = gemv_simd<S>;
   k.gemm_pack = gemm_pack_simd<S>;
   k.gemm_micro = gemm_micro_simd<S>;
+  k.qgemv = qgemv_simd<S>;
+  k.qdequant = qdequant_simd<S>;
   return k;
 }
 

@@ -1,4 +1,5 @@
-// matmul on the CPU: y [n, out] = x [n, in] · wᵀ (+ bias), w [out, in] f32/bf16/f16 read in place.
+// matmul on the CPU: y [n, out] = x [n, in] · wᵀ (+ bias), w [out, in] f32/bf16/f16 read in place,
+// or packed affine-quantized (MLX layout) read in place by the quantized kernels.
 // Decode (n < kGemmMinTokens): a GEMV that streams each weight row once for all n tokens, output
 // rows split over the pool. Prefill: a blocked GEMM; each thread owns tiles of kTileRows output
 // rows, packs a [kTileRows x kKc] weight block to f32 panels and runs the register microkernel over
@@ -19,8 +20,11 @@ constexpr int64_t kGemvMinWork = 1 << 16;  // weight elements per GEMV chunk bef
 
 bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
-void gemm(const Kernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in, const void* w, DType wt,
-          int64_t out, float* y) {
+// pack(r0, n_rows, k0, kc, dst, scratch) fills dst with the f32 panels of that weight block
+// (Kernels::gemm_pack's layout); scratch is a per-thread buffer of kTileRows * kKc floats.
+template <class Pack>
+void gemm(const Kernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t in, int64_t out, float* y,
+          const Pack& pack) {
   const int64_t nr = k.gemm_nr, mr = k.gemm_mr;
   const int64_t n_tiles = (out + kTileRows - 1) / kTileRows;
   // Token tiles of near-equal size <= mr (16 tokens with mr = 12 run as 8 + 8, not 12 + 4).
@@ -28,12 +32,13 @@ void gemm(const Kernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t
   pool.parallel_for(n_tiles, [&](int64_t tb, int64_t te) {
     // packed [ceil(kTileRows / nr) panels][kKc][nr] f32, one per thread.
     std::vector<float> packed(((kTileRows + nr - 1) / nr) * nr * kKc);
+    std::vector<float> scratch;
     for (int64_t tile = tb; tile < te; ++tile) {
       const int64_t r0 = tile * kTileRows, n_rows = std::min(kTileRows, out - r0);
       const int64_t n_panels = (n_rows + nr - 1) / nr;
       for (int64_t k0 = 0; k0 < in; k0 += kKc) {
         const int64_t kc = std::min(kKc, in - k0);
-        k.gemm_pack(w, wt, in, r0, n_rows, k0, kc, packed.data());
+        pack(r0, n_rows, k0, kc, packed.data(), scratch);
         // Token blocks of kMc (their x block, kMc x kc floats, stays in L2), then panel outer and
         // tokens inner: the panel (kc x nr floats, <= 32 KiB) stays in L1 while x rows stream.
         for (int64_t mb = 0; mb < n; mb += kMc) {
@@ -52,16 +57,70 @@ void gemm(const Kernels& k, ThreadPool& pool, const float* x, int64_t n, int64_t
   }, n * in * out < (int64_t{1} << 18) ? n_tiles : 1);  // tiny products stay on the caller
 }
 
+// Quantized weights: the decode GEMV reads each packed row once (Kernels::qgemv, with the per-group
+// sums of x computed here once per call); the prefill GEMM dequantizes each [kTileRows x kKc] block
+// to f32 (Kernels::qdequant; kKc is a multiple of every group size) and packs it like a dense one.
+void matmul_quantized(const Kernels& k, ThreadPool& pool, const float* xp, int64_t n, const QMatrix& q, float* yp) {
+  const int64_t in = q.in, out = q.out, gs = q.group_size, n_groups = q.n_groups();
+  if (n < kGemmMinTokens) {
+    std::vector<float> xsum(n * n_groups);  // [n, n_groups]
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t g = 0; g < n_groups; ++g) {
+        float s = 0.0f;
+        for (int64_t j = 0; j < gs; ++j) s += xp[t * in + g * gs + j];
+        xsum[t * n_groups + g] = s;
+      }
+    const int64_t min_rows = std::max<int64_t>(1, kGemvMinWork / std::max<int64_t>(1, in));
+    pool.parallel_for(out, [&](int64_t r0, int64_t r1) { k.qgemv(xp, n, in, xsum.data(), q, r0, r1, yp, out); },
+                      min_rows);
+    return;
+  }
+  gemm(k, pool, xp, n, in, out, yp,
+       [&](int64_t r0, int64_t n_rows, int64_t k0, int64_t kc, float* dst, std::vector<float>& scratch) {
+         scratch.resize(kTileRows * kKc);
+         for (int64_t r = 0; r < n_rows; ++r) k.qdequant(q, r0 + r, k0, kc, scratch.data() + r * kc);
+         k.gemm_pack(scratch.data(), DType::f32, kc, 0, n_rows, 0, kc, dst);
+       });
+}
+
 }  // namespace
 
+QMatrix qmatrix_of(const Weight& w) {
+  QMatrix q;
+  const int64_t out = w.w.dim(0), in = w.in_features();
+  if (w.w.dtype != DType::u32 || w.w.ndim() != 2 || (w.w.dim(1) * 32) % w.bits != 0)
+    fail("cpu", "quantized weight must be 2-D uint32 holding whole {}-bit codes, got {} {}", w.bits,
+         dtype_name(w.w.dtype), shape_str(w.w.shape));
+  if (w.group_size <= 0 || in % w.group_size != 0 || (w.group_size % 16) != 0)
+    fail("cpu", "quantized weight: group_size {} does not divide the input dimension {}", w.group_size, in);
+  const Shape gshape{out, in / w.group_size};
+  if (!is_float(w.scales.dtype) || w.scales.shape != gshape || w.biases.dtype != w.scales.dtype ||
+      w.biases.shape != gshape)
+    fail("cpu", "quantized weight: scales {} {} / biases {} {} do not match {} groups per row of {} rows",
+         dtype_name(w.scales.dtype), shape_str(w.scales.shape), dtype_name(w.biases.dtype), shape_str(w.biases.shape),
+         in / w.group_size, out);
+  q.w = static_cast<const uint8_t*>(w.w.data);
+  q.row_bytes = w.w.dim(1) * 4;
+  q.end = q.w + out * q.row_bytes;
+  q.scales = w.scales.data;
+  q.biases = w.biases.data;
+  q.sdt = w.scales.dtype;
+  q.bits = w.bits;
+  q.group_size = w.group_size;
+  q.in = in;
+  q.out = out;
+  return q;
+}
+
 void matmul(const Kernels& k, ThreadPool& pool, const Tensor& x, const Weight& w, Tensor& y) {
-  if (w.quantized()) fail("cpu", "quantized matmul not implemented yet");
   const Tensor& wt = w.w;
-  if (!is_float(wt.dtype) || wt.ndim() != 2)
+  if (!w.quantized() && (!is_float(wt.dtype) || wt.ndim() != 2))
     fail("cpu", "matmul: weight must be a 2-D float tensor, got {} {}", dtype_name(wt.dtype), shape_str(wt.shape));
   if (x.dtype != DType::f32 || y.dtype != DType::f32)
     fail("cpu", "matmul: x and y must be float32, got {} and {}", dtype_name(x.dtype), dtype_name(y.dtype));
-  const int64_t out = wt.dim(0), in = wt.dim(1);
+  QMatrix q;
+  if (w.quantized()) q = qmatrix_of(w);
+  const int64_t out = wt.dim(0), in = w.quantized() ? q.in : wt.dim(1);
   if (x.cols() != in) fail("cpu", "matmul: x {} does not match weight {}", shape_str(x.shape), shape_str(wt.shape));
   const int64_t n = x.rows();
   if (y.numel() != n * out)
@@ -71,13 +130,18 @@ void matmul(const Kernels& k, ThreadPool& pool, const Tensor& x, const Weight& w
 
   const float* xp = x.ptr<float>();
   float* yp = y.ptr<float>();
-  if (n < kGemmMinTokens || in == 0) {
+  if (w.quantized()) {
+    matmul_quantized(k, pool, xp, n, q, yp);
+  } else if (n < kGemmMinTokens || in == 0) {
     const int64_t min_rows = std::max<int64_t>(1, kGemvMinWork / std::max<int64_t>(1, in));
     pool.parallel_for(out, [&](int64_t r0, int64_t r1) {
       k.gemv(xp, n, in, wt.data, wt.dtype, in, r0, r1, yp, out);
     }, min_rows);
   } else {
-    gemm(k, pool, xp, n, in, wt.data, wt.dtype, out, yp);
+    gemm(k, pool, xp, n, in, out, yp,
+         [&](int64_t r0, int64_t n_rows, int64_t k0, int64_t kc, float* dst, std::vector<float>&) {
+           k.gemm_pack(wt.data, wt.dtype, in, r0, n_rows, k0, kc, dst);
+         });
   }
 
   if (!w.bias.empty()) {

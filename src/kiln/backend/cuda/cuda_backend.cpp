@@ -280,6 +280,7 @@ bool CudaBackend::begin_graph(uint64_t key) {
   key = mix(mix(key, a.top), reinterpret_cast<uintptr_t>(a.base.get()));
   im.graph_key = key;
   a.alloc_hash = 0;
+  im.ptr_hash = 0;
   if (im.graphs.count(key)) {
     im.mode = Impl::Mode::replay;
   } else if (im.seen.count(key) && !im.arena_overflowed) {
@@ -302,6 +303,7 @@ void CudaBackend::end_graph() {
     CUDA_CHECK(cudaGraphInstantiate(&gr.exec, g, 0));
     cudaGraphDestroy(g);
     gr.alloc_hash = hash;
+    gr.ptr_hash = im.ptr_hash;
     im.graphs[im.graph_key] = gr;
     ++im.stats.graph_captures;
     CUDA_CHECK(cudaGraphLaunch(gr.exec, im.stream));
@@ -310,6 +312,7 @@ void CudaBackend::end_graph() {
     // The ops' host calls must have allocated exactly as when captured, else the graph's
     // addresses are stale: a programming error in the caller's key.
     KILN_ASSERT(gr.alloc_hash == hash, "graph replay: the step allocated differently from its capture");
+    KILN_ASSERT(gr.ptr_hash == im.ptr_hash, "graph replay: ops got other buffers (a KV cache?) than when captured");
     CUDA_CHECK(cudaGraphLaunch(gr.exec, im.stream));
     ++im.stats.graph_replays;
   }

@@ -92,8 +92,10 @@ struct CudaBackend::Impl {
   uint64_t graph_key = 0;
   struct Graph {
     cudaGraphExec_t exec = nullptr;
-    uint64_t alloc_hash = 0;
+    uint64_t alloc_hash = 0, ptr_hash = 0;
   };
+  uint64_t ptr_hash = 0;  // device pointers given to ops inside the graph region (checked on replay)
+  void note(const void* p) { ptr_hash = ptr_hash * 1000003u + reinterpret_cast<uintptr_t>(p); }
   std::map<uint64_t, Graph> graphs;
   std::set<uint64_t> seen;
 

@@ -180,6 +180,7 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots
       k_cache.numel() != v_cache.numel() || k.dtype != k_cache.dtype || v.dtype != k.dtype || v_cache.dtype != k.dtype)
     fail("cuda", "kv_write: k {} v {} slots {} caches {} {}", shape_str(k.shape), shape_str(v.shape), n,
          shape_str(k_cache.shape), shape_str(v_cache.shape));
+  im.note(k_cache.data), im.note(v_cache.data);
   if (im.skip()) return;
   ProfScope ps(im, "kv_write");
   launch_kv_write(k.data, v.data, dt_of(k, "kv_write", "k"), n, width, slots.ptr<int32_t>(), k_cache.numel() / std::max<int64_t>(1, width),
@@ -210,6 +211,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
          shape_str(v_cache.shape), p.block_size, kv_width);
   if (block_tables.numel() % p.max_blocks != 0)
     fail("cuda", "attention: block_tables of {} entries is not n_seqs x {}", block_tables.numel(), p.max_blocks);
+  im.note(k_cache.data), im.note(v_cache.data);
   AttnArgs a{q.data, k_cache.data, v_cache.data, block_tables.ptr<int32_t>(), token_seq.ptr<int32_t>(),
              token_pos.ptr<int32_t>(), out.data, static_cast<int>(n),
              static_cast<int>(block_tables.numel() / p.max_blocks), p.n_heads, p.n_kv_heads, p.head_dim, p.scale,

@@ -1,0 +1,359 @@
+// Backend-ops parity: every CUDA op against the CPU reference backend, on fresh random inputs each
+// run (the seed is printed; KILN_TEST_SEED=<n> replays it), over several shapes per op: odd sizes,
+// long contexts, sliding windows, ragged batches of many sequences. Activations are drawn as bf16
+// values so both backends see the same numbers; outputs are poisoned with NaN before each op.
+// Tolerances (per output dtype), on ‖gpu − cpu‖₂ / ‖cpu‖₂ and max |gpu − cpu| / max |cpu|:
+//   bf16 outputs: rel-L2 ≤ 1e-2 and max ≤ 2^-6 (a few bf16 ulps at the top of the range);
+//   f32 outputs (logits): rel-L2 ≤ 1e-4 and max ≤ 1e-4 (only the summation order differs).
+// Reports SKIPPED where no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "cpu_test_util.h"
+#ifdef KILN_HAVE_CUDA
+#include "kiln/backend/cuda/cuda_backend.h"
+#endif
+
+namespace kiln::backend {
+namespace {
+
+using cpu::test::Rng;
+using cpu::test::to_floats;
+
+struct Tol {
+  double rel_l2, rel_max;
+};
+Tol tol_for(DType out) { return out == DType::f32 ? Tol{1e-4, 1e-4} : Tol{1e-2, 1.0 / 64}; }
+
+// Compares the device result (any float dtype) with the CPU's f32 result; every value must be finite.
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, DType out_dtype, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const Tol tol = tol_for(out_dtype);
+  double num = 0, den = 0, max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i] << " (not written?)";
+    const double e = std::abs(double(got[i]) - ref[i]);
+    num += e * e;
+    den += double(ref[i]) * ref[i];
+    max_err = std::max(max_err, e);
+    max_ref = std::max(max_ref, std::abs(double(ref[i])));
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  const double relmax = max_ref > 0 ? max_err / max_ref : max_err;
+  EXPECT_LE(rel, tol.rel_l2) << what << " rel-L2";
+  EXPECT_LE(relmax, tol.rel_max) << what << " max error / max |ref|";
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+    gpu_ = make_cuda_backend(0);
+    cpu_ = make_cpu_backend();
+  }
+  // A host tensor of activations: values of `store` dtype (bf16 by default), held as f32 for the CPU.
+  Tensor act(Rng& rng, Shape s, float scale = 1.0f, DType store = DType::bf16) {
+    Tensor t = rng.tensor(store, std::move(s), scale);
+    return as_f32(t);
+  }
+  static Tensor as_f32(const Tensor& t) {
+    Tensor r = Tensor::host(DType::f32, t.shape);
+    to_f32(t.data, t.dtype, r.ptr<float>(), t.numel());
+    return r;
+  }
+  static Tensor as_bf16(const Tensor& f) {
+    Tensor r = Tensor::host(DType::bf16, f.shape);
+    for (int64_t i = 0; i < f.numel(); ++i) r.ptr<uint16_t>()[i] = f32_to_bf16(f.ptr<float>()[i]);
+    return r;
+  }
+  // The device copy of an f32 host tensor in dtype t.
+  Tensor dev(const Tensor& f32, DType t = DType::bf16) { return gpu_->upload(t == DType::f32 ? f32 : as_bf16(f32)); }
+  // A device tensor poisoned with NaN (bf16 0xFFFF / f32 NaN).
+  Tensor poisoned(DType t, Shape s) {
+    Tensor h = Tensor::host(t, s);
+    std::memset(h.data, 0xFF, h.nbytes());
+    return gpu_->upload(h);
+  }
+  std::vector<float> back(const Tensor& d) { return to_floats(gpu_->to_host(d)); }
+  static Tensor ints(const std::vector<int32_t>& v) {
+    Tensor t = Tensor::host(DType::i32, {static_cast<int64_t>(v.size())});
+    std::copy(v.begin(), v.end(), t.ptr<int32_t>());
+    return t;
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+};
+
+TEST_F(CudaOps, Embedding) {
+  Rng rng("CudaOps.Embedding");
+  for (DType wt : {DType::f32, DType::bf16, DType::f16})
+    for (auto [vocab, dim] : std::vector<std::pair<int64_t, int64_t>>{{512, 64}, {1000, 77}, {32000, 4096}}) {
+      SCOPED_TRACE(fmt::format("{} vocab={} dim={}", dtype_name(wt), vocab, dim));
+      Weight table;
+      table.w = rng.tensor(wt, {vocab, dim});
+      std::vector<int32_t> id(37);
+      for (auto& v : id) v = static_cast<int32_t>(rng.uniform_int(0, vocab - 1));
+      Tensor ref = Tensor::host(DType::f32, {37, dim});
+      cpu_->embedding(table, ints(id), ref);
+      Tensor out = poisoned(DType::bf16, {37, dim});
+      gpu_->embedding(table, gpu_->upload(ints(id)), out);
+      expect_close(back(out), to_floats(ref), DType::bf16, "embedding");
+    }
+}
+
+TEST_F(CudaOps, Matmul) {
+  Rng rng("CudaOps.Matmul");
+  struct Case {
+    int64_t n, in, out;
+  };
+  // Decode sizes (GEMV, 1..8 tokens and a 9-token second pass), prefill sizes (cuBLASLt), odd sizes
+  // (scalar GEMV path, unaligned rows), an 8B-model projection.
+  const std::vector<Case> cases = {{1, 64, 64},   {3, 77, 131},   {8, 1000, 33}, {9, 256, 96},
+                                   {64, 512, 384}, {300, 77, 50}, {1, 4096, 1024}, {133, 4096, 1024}};
+  for (DType wt : {DType::f32, DType::bf16, DType::f16})
+    for (const Case& c : cases)
+      for (bool bias : {false, true})
+        for (DType yt : {DType::bf16, DType::f32}) {
+          SCOPED_TRACE(fmt::format("w={} n={} in={} out={} bias={} y={}", dtype_name(wt), c.n, c.in, c.out, bias,
+                                   dtype_name(yt)));
+          Weight w;
+          w.w = rng.tensor(wt, {c.out, c.in}, 1.0f / std::sqrt(float(c.in)));
+          if (bias) w.bias = rng.tensor(wt, {c.out}, 0.5f);
+          Tensor x = act(rng, {c.n, c.in});
+          Tensor ref = Tensor::host(DType::f32, {c.n, c.out});
+          cpu_->matmul(x, w, ref);
+          Tensor y = poisoned(yt, {c.n, c.out});
+          gpu_->matmul(dev(x), w, y);
+          expect_close(back(y), to_floats(ref), yt, "matmul");
+        }
+}
+
+TEST_F(CudaOps, RmsNorm) {
+  Rng rng("CudaOps.RmsNorm");
+  for (DType wt : {DType::f32, DType::bf16, DType::f16})
+    for (bool one_plus : {false, true})
+      for (auto [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {5, 77}, {300, 4096}, {17, 16}}) {
+        SCOPED_TRACE(fmt::format("w={} one_plus={} rows={} dim={}", dtype_name(wt), one_plus, rows, dim));
+        Tensor w = rng.tensor(wt, {dim});
+        Tensor x = act(rng, {rows, dim}, 3.0f);
+        Tensor ref = Tensor::host(DType::f32, {rows, dim});
+        cpu_->rms_norm(x, w, 1e-6f, one_plus, ref);
+        Tensor xd = dev(x), y = poisoned(DType::bf16, {rows, dim});
+        gpu_->rms_norm(xd, w, 1e-6f, one_plus, y);
+        expect_close(back(y), to_floats(ref), DType::bf16, "rms_norm");
+        gpu_->rms_norm(xd, w, 1e-6f, one_plus, xd);  // in place
+        expect_close(back(xd), to_floats(ref), DType::bf16, "rms_norm in place");
+      }
+}
+
+TEST_F(CudaOps, Rope) {
+  Rng rng("CudaOps.Rope");
+  struct Case {
+    int64_t n, heads, hd, half;
+    int max_pos;
+    float attn_factor;
+  };
+  // Full and partial rotary dims, long-context positions (angles far past 2π), yarn's attn factor.
+  for (const Case& c : std::vector<Case>{{7, 4, 16, 8, 20, 1.0f}, {33, 32, 128, 64, 131000, 1.0f},
+                                         {5, 3, 64, 16, 9000, 1.25f}, {1, 8, 256, 128, 4000, 1.0f}}) {
+    SCOPED_TRACE(fmt::format("n={} heads={} hd={} half={}", c.n, c.heads, c.hd, c.half));
+    Tensor inv = Tensor::host(DType::f32, {c.half});
+    for (int64_t i = 0; i < c.half; ++i) inv.ptr<float>()[i] = std::pow(500000.0f, -float(2 * i) / float(2 * c.half));
+    std::vector<int32_t> pos(c.n);
+    for (auto& p : pos) p = static_cast<int32_t>(rng.uniform_int(0, c.max_pos));
+    Tensor x = act(rng, {c.n, c.heads, c.hd});
+    Tensor xd = dev(x);
+    cpu_->rope(x, ints(pos), inv, c.attn_factor);
+    gpu_->rope(xd, gpu_->upload(ints(pos)), gpu_->upload(inv), c.attn_factor);
+    expect_close(back(xd), to_floats(x), DType::bf16, "rope");
+  }
+}
+
+TEST_F(CudaOps, ElementwiseAndActivations) {
+  Rng rng("CudaOps.Elementwise");
+  for (int64_t n : {1, 77, 4096 * 3 + 5}) {
+    SCOPED_TRACE(fmt::format("n={}", n));
+    for (Activation a : {Activation::silu, Activation::gelu_tanh, Activation::gelu}) {
+      Tensor g = act(rng, {n}, 4.0f), u = act(rng, {n}, 2.0f), ref = Tensor::host(DType::f32, {n});
+      cpu_->gated_act(g, u, a, ref);
+      Tensor gd = dev(g), out = poisoned(DType::bf16, {n});
+      gpu_->gated_act(gd, dev(u), a, out);
+      expect_close(back(out), to_floats(ref), DType::bf16, "gated_act");
+      gpu_->gated_act(gd, dev(u), a, gd);  // out aliases gate
+      expect_close(back(gd), to_floats(ref), DType::bf16, "gated_act in place");
+    }
+    for (DType t : {DType::bf16, DType::f32}) {
+      Tensor a = act(rng, {n}), b = act(rng, {n}), ref = Tensor::host(DType::f32, {n});
+      cpu_->add(a, b, ref);
+      Tensor ad = dev(a, t), y = poisoned(t, {n});
+      gpu_->add(ad, dev(b, t), y);
+      expect_close(back(y), to_floats(ref), t, "add");
+      gpu_->add(ad, dev(b, t), ad);
+      expect_close(back(ad), to_floats(ref), t, "add in place");
+      Tensor s = act(rng, {n}, 100.0f), sd = dev(s, t);
+      cpu_->scale(s, 0.37f);
+      gpu_->scale(sd, 0.37f);
+      expect_close(back(sd), to_floats(s), t, "scale");
+      Tensor c = act(rng, {n}, 100.0f), cd = dev(c, t);
+      cpu_->softcap(c, 30.0f);
+      gpu_->softcap(cd, 30.0f);
+      expect_close(back(cd), to_floats(c), t, "softcap");
+    }
+  }
+}
+
+TEST_F(CudaOps, KvWriteGatherScatterArgmax) {
+  Rng rng("CudaOps.RowOps");
+  const int64_t n = 23, width = 96, n_slots = 64;
+  std::vector<int32_t> slot(n);
+  std::vector<int32_t> perm(n_slots);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng.gen());
+  for (int64_t t = 0; t < n; ++t) slot[t] = t % 7 == 3 ? -1 : perm[t];  // -1: padding, not written
+  Tensor k = act(rng, {n, width}), v = act(rng, {n, width});
+  Tensor kc = act(rng, {n_slots, width}), vc = act(rng, {n_slots, width});
+  Tensor kcd = dev(kc), vcd = dev(vc);
+  cpu_->kv_write(k, v, ints(slot), kc, vc);
+  gpu_->kv_write(dev(k), dev(v), gpu_->upload(ints(slot)), kcd, vcd);
+  EXPECT_EQ(back(kcd), to_floats(kc));  // a copy: exact
+  EXPECT_EQ(back(vcd), to_floats(vc));
+
+  std::vector<int32_t> rows = {5, 0, 22, 5, 17};
+  Tensor ref = Tensor::host(DType::f32, {5, width});
+  cpu_->gather_rows(k, ints(rows), ref);
+  Tensor out = poisoned(DType::bf16, {5, width});
+  gpu_->gather_rows(dev(k), gpu_->upload(ints(rows)), out);
+  EXPECT_EQ(back(out), to_floats(ref));
+
+  // Repeated destination rows (a token routed to several experts).
+  std::vector<int32_t> dst_rows = {3, 1, 3, 0, 3};
+  Tensor wts = Tensor::host(DType::f32, {5});
+  for (int i = 0; i < 5; ++i) wts.ptr<float>()[i] = rng.uniform(0.0f, 1.0f);
+  Tensor src = act(rng, {5, width}), dst = act(rng, {4, width}), dstd = dev(dst);
+  cpu_->scatter_add_rows(src, ints(dst_rows), wts, dst);
+  gpu_->scatter_add_rows(dev(src), gpu_->upload(ints(dst_rows)), gpu_->upload(wts), dstd);
+  expect_close(back(dstd), to_floats(dst), DType::bf16, "scatter_add_rows");
+
+  for (int64_t cols : {10, 512, 152064}) {
+    Tensor lg = act(rng, {9, cols}, 10.0f, DType::f32);
+    std::vector<int32_t> want(9);
+    for (int r = 0; r < 9; ++r)
+      want[r] = static_cast<int32_t>(std::max_element(lg.ptr<float>() + r * cols, lg.ptr<float>() + (r + 1) * cols) -
+                                     (lg.ptr<float>() + r * cols));
+    Tensor ids = gpu_->alloc(DType::i32, {9});
+    gpu_->argmax_rows(dev(lg, DType::f32), ids);
+    Tensor h = gpu_->to_host(ids);
+    EXPECT_EQ(std::vector<int32_t>(h.ptr<int32_t>(), h.ptr<int32_t>() + 9), want) << "argmax over " << cols;
+  }
+}
+
+// ---- attention over the paged cache
+
+struct Seq {
+  int64_t len, n_query;  // cached tokens after this step; this step's tokens are the last n_query
+};
+
+class CudaAttention : public CudaOps {
+ public:
+  using CudaOps::as_bf16;
+  using CudaOps::dev;
+  using CudaOps::ints;
+  using CudaOps::poisoned;
+  using CudaOps::back;
+  Backend& gpu() { return *gpu_; }
+  Backend& cpu() { return *cpu_; }
+  void set_kernel(int k) {
+#ifdef KILN_HAVE_CUDA
+    static_cast<cuda::CudaBackend&>(*gpu_).set_attention_kernel(static_cast<cuda::AttnKernel>(k));
+#endif
+  }
+  void check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs, bool shuffle);
+};
+
+void CudaAttention::check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs,
+                          bool shuffle) {
+  AttnParams p;
+  p.n_kv_heads = 2;
+  p.n_heads = 2 * gqa;
+  p.head_dim = hd;
+  p.scale = 1.0f / std::sqrt(float(hd));
+  p.softcap = softcap;
+  p.window = window;
+  p.block_size = bs;
+  const int64_t kv_width = int64_t{p.n_kv_heads} * hd, q_width = int64_t{p.n_heads} * hd;
+  int64_t need = 0, max_blocks = 0;
+  for (const Seq& s : seqs) {
+    need += (s.len + bs - 1) / bs;
+    max_blocks = std::max(max_blocks, (s.len + bs - 1) / bs);
+  }
+  p.max_blocks = static_cast<int>(max_blocks + 1);
+  const int64_t n_blocks = need + 2;
+  std::vector<int32_t> perm(n_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng.gen());
+  std::vector<int32_t> tables(seqs.size() * p.max_blocks, -1);
+  int64_t next = 0;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t b = 0; b < (seqs[s].len + bs - 1) / bs; ++b) tables[s * p.max_blocks + b] = perm[next++];
+  // Cache contents: random everywhere (also rows no sequence owns); tokens: each sequence's queries.
+  Tensor kc = act(rng, {n_blocks, bs, kv_width}), vc = act(rng, {n_blocks, bs, kv_width});
+  std::vector<int32_t> tseq, tpos;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t j = seqs[s].len - seqs[s].n_query; j < seqs[s].len; ++j) tseq.push_back(int32_t(s)), tpos.push_back(int32_t(j));
+  if (shuffle) {  // tokens of different sequences interleaved: the semantics do not need them grouped
+    std::vector<size_t> order(tseq.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng.gen());
+    std::vector<int32_t> a(tseq.size()), b(tseq.size());
+    for (size_t i = 0; i < order.size(); ++i) a[i] = tseq[order[i]], b[i] = tpos[order[i]];
+    tseq = a, tpos = b;
+  }
+  const int64_t n = static_cast<int64_t>(tseq.size());
+  Tensor q = act(rng, {n, q_width}, 2.0f);
+  Tensor ref = Tensor::host(DType::f32, {n, q_width});
+  cpu().attention(q, kc, vc, ints(tables), ints(tseq), ints(tpos), p, ref);
+  Tensor qd = dev(q), kcd = dev(kc), vcd = dev(vc), bt = gpu().upload(ints(tables)), ts = gpu().upload(ints(tseq)),
+         tp = gpu().upload(ints(tpos));
+  for (int kernel : {1, 2}) {  // decode (split-K), prefill (tensor cores) where head_dim allows
+    set_kernel(kernel);
+    Tensor out = poisoned(DType::bf16, {n, q_width});
+    gpu().attention(qd, kcd, vcd, bt, ts, tp, p, out);
+    expect_close(back(out), to_floats(ref), DType::bf16, kernel == 1 ? "attention decode kernel" : "attention prefill kernel");
+  }
+  set_kernel(0);
+}
+
+TEST_F(CudaAttention, RaggedBatchesWindowsSoftcapGqa) {
+  Rng rng("CudaAttention.Ragged");
+  // First token, decode at several lengths, a whole prompt, a chunk of a prompt, odd lengths.
+  const std::vector<Seq> mixed = {{1, 1}, {70, 1}, {7, 7}, {33, 5}, {20, 3}, {129, 64}, {5, 1}};
+  for (int gqa : {1, 4, 8})
+    for (int hd : {16, 64, 128, 256})
+      for (int window : {0, 37})
+        for (float softcap : {0.0f, 30.0f}) {
+          SCOPED_TRACE(fmt::format("gqa={} head_dim={} window={} softcap={}", gqa, hd, window, softcap));
+          check(rng, mixed, gqa, hd, window, softcap, 16, false);
+        }
+  SCOPED_TRACE("interleaved tokens");
+  check(rng, mixed, 4, 128, 0, 0.0f, 16, true);
+}
+
+TEST_F(CudaAttention, LongContexts) {
+  Rng rng("CudaAttention.Long");
+  // Decode at 5000 and 20000 tokens (many splits), a 300-token chunk late in a 3000-token prompt,
+  // and a batch of 48 decoding sequences of different lengths.
+  check(rng, {{5000, 1}, {20000, 1}}, 4, 128, 0, 0.0f, 16, false);
+  check(rng, {{3000, 300}}, 4, 128, 0, 0.0f, 16, false);
+  check(rng, {{3000, 300}}, 2, 64, 1024, 50.0f, 32, false);
+  std::vector<Seq> many;
+  for (int i = 0; i < 48; ++i) many.push_back({1 + (i * 97) % 900, 1});
+  check(rng, many, 4, 128, 0, 0.0f, 16, false);
+  check(rng, many, 8, 128, 256, 0.0f, 16, false);
+}
+
+}  // namespace
+}  // namespace kiln::backend
