@@ -2,7 +2,7 @@
 // buffer on all pool threads, best of several) and the decode GEMV rate for a 4096x4096 bf16 weight
 // (GB/s of weight streamed: hot = one weight re-read from cache, cold = cycling 1 GiB of weights so
 // each call reads DRAM), plus prefill GEMM GFLOP/s and decode attention, at each SIMD level.
-// Usage: cpu_ops_bench [--quick]   (KILN_THREADS sets the pool size).
+// Usage: cpu_ops_bench [--quick | --bandwidth]   (--bandwidth: only the memory figure)   (KILN_THREADS sets the pool size).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -65,7 +65,8 @@ double memory_read_gbps(const cpu::Kernels& k, ThreadPool& pool, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  const std::string arg = argc > 1 ? argv[1] : "";
+  const bool quick = arg == "--quick", bandwidth_only = arg == "--bandwidth";
   const int reps = quick ? 3 : 7;
   ThreadPool& pool = ThreadPool::global();
   std::printf("cpu_ops_bench: %d threads, best SIMD level %s%s\n", pool.n_threads(),
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
   const cpu::Kernels& best = cpu::kernels_for(cpu::best_simd_level());
   const double mem = memory_read_gbps(best, pool, reps);
   std::printf("memory read bandwidth (1 GiB sum, all threads): %.1f GB/s\n", mem);
+  if (bandwidth_only) return 0;
 
   const int64_t dim = 4096;
   std::vector<cpu::SimdLevel> levels;

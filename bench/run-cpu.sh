@@ -11,7 +11,7 @@ models="$B/bench-models"
 mkdir -p "$models"
 [ -f "$models/llama-100m/config.json" ] || "$B/kiln" synth --shape llama-100m --out "$models/llama-100m" --dtype bf16 --force
 
-bw=$("$B/bench/cpu_ops_bench" --bandwidth-only 2>/dev/null | sed -n 's/.*"read_gb_s": *\([0-9.]*\).*/\1/p' | head -1)
+bw=$("$B/bench/cpu_ops_bench" --bandwidth | sed -n 's/^memory read bandwidth.*: *\([0-9.]*\) GB\/s/\1/p')
 echo "memory read bandwidth: ${bw} GB/s" >&2
 s=$("$B/bench/model_bench" --prefill 256 --decode 128 --repeat 3)
 l=$("$B/bench/model_bench" --model "$models/llama-100m" --prefill 512 --decode 32 --repeat 2)

@@ -82,11 +82,19 @@ void check_family(const std::string& name, int bits, int group_size) {
   d.hf_path = q.mlx_path;
   d.mlx_path = (tmp.path / "d").string();
   d.dequantize = true;
+  d.dtype = "float32";  // scale * q + bias exactly (a bf16 model's dequantized weights would be rounded)
   quant::convert(d);
+  // ... but keep the checkpoint dtype the model's constants are rounded to (layers.h).
+  Json src_cfg = read_json_file(q.hf_path + "/config.json"), dcfg = read_json_file(d.mlx_path + "/config.json");
+  for (const char* k : {"torch_dtype", "dtype"})
+    if (src_cfg.contains(k)) dcfg[k] = src_cfg[k];
+    else dcfg.erase(k);
+  std::ofstream(d.mlx_path + "/config.json") << dcfg.dump(2);
 
   auto lq = load(q.mlx_path);
   ASSERT_TRUE(lq->cfg.quant);
-  EXPECT_TRUE(lq->weights.has("model.embed_tokens.scales"));  // quantized embedding (and tied head)
+  // A quantized embedding (and tied head) when hidden_size is a multiple of the group size.
+  EXPECT_EQ(lq->weights.has("model.embed_tokens.scales"), lq->cfg.dim % group_size == 0);
   auto ld = load(d.mlx_path);
   const std::vector<float> yq = run(*lq), yd = run(*ld);
   ASSERT_EQ(yq.size(), yd.size());

@@ -6,6 +6,7 @@
 namespace kiln::cli {
 
 void add_generate(CLI::App& app);
+void add_chat(CLI::App& app);
 void add_synth(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_apply_template(CLI::App& app);

@@ -7,6 +7,7 @@
 
 #include "kiln/cli/commands.h"
 #include "kiln/cli/model_args.h"
+#include "kiln/cli/prompt_args.h"
 #include "kiln/engine/engine.h"
 
 namespace kiln::cli {
@@ -20,6 +21,7 @@ struct GenerateArgs {
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f, repetition_penalty = 1.0f;
   int top_k = 0;
   std::optional<uint64_t> seed;
+  ChatArgs chat;
   bool ignore_chat_template = false;
   bool verbose = false;
 };
@@ -28,7 +30,17 @@ void run_generate(const GenerateArgs& a) {
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   auto m = a.model.load();
-  std::vector<int32_t> ids = m->tokenizer->encode(prompt, true);
+  a.chat.apply_to(*m);
+  // As mlx_lm.generate: the chat template (when the model has one) wraps the prompt as a user turn.
+  std::vector<int32_t> ids;
+  if (m->chat_template && !a.ignore_chat_template) {
+    Json messages = Json::array();
+    if (!a.chat.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", a.chat.system_prompt}});
+    messages.push_back({{"role", "user"}, {"content", prompt}});
+    ids = a.chat.encode(*m, messages);
+  } else {
+    ids = m->tokenizer->encode(prompt, true);
+  }
   if (ids.empty()) {  // an empty prompt with no BOS to add: start from BOS if the model has one
     auto bos = m->config.bos_id ? m->config.bos_id : m->tokenizer->bos_id();
     if (!bos) fail("generate", "the prompt is empty and the model has no BOS token; give --prompt");
@@ -99,6 +111,7 @@ void add_generate(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed (same seed, same tokens)");
   cmd->add_flag("--ignore-chat-template", a->ignore_chat_template, "Use the raw prompt, without the model's chat template");
+  a->chat.add_to(cmd);
   cmd->add_flag("--verbose", a->verbose, "Print prompt and generation speed and peak memory");
   cmd->callback([a] { run_generate(*a); });
 }

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln 0.1.0");
   kiln::cli::add_generate(app);
+  kiln::cli::add_chat(app);
   kiln::cli::add_synth(app);
   kiln::cli::add_serve(app);
   kiln::cli::add_apply_template(app);

@@ -74,6 +74,32 @@ OJson read_special_tokens(const fs::path& root, const OJson& config) {
   return tokens;
 }
 
+// The render context, in transformers' order: messages, tools, documents, add_generation_prompt,
+// the special tokens, then the extra kwargs (which may not replace the first four).
+jinja::DictData build_context(const OJson& messages, const OJson& tools, bool add_generation_prompt,
+                              const OJson& special_tokens, const OJson& extra) {
+  using jinja::Value;
+  jinja::DictData ctx;
+  try {
+    ctx.set(Value::string("messages"), jinja::from_json(messages));
+    ctx.set(Value::string("tools"), jinja::from_json(tools));
+    ctx.set(Value::string("documents"), Value::none());
+    ctx.set(Value::string("add_generation_prompt"), Value::boolean(add_generation_prompt));
+    for (auto it = special_tokens.begin(); it != special_tokens.end(); ++it)
+      ctx.set(Value::string(it.key()), jinja::from_json(it.value()));
+    if (extra.is_object()) {
+      for (auto it = extra.begin(); it != extra.end(); ++it) {
+        const std::string& k = it.key();
+        if (k == "messages" || k == "tools" || k == "documents" || k == "add_generation_prompt") continue;
+        ctx.set(Value::string(k), jinja::from_json(it.value()));
+      }
+    }
+  } catch (const jinja::TemplateError& e) {  // JSON the interpreter cannot hold (nested too deeply)
+    fail("template", "{}", e.what());
+  }
+  return ctx;
+}
+
 }  // namespace
 
 ChatTemplate ChatTemplate::from_model_dir_with_template(const std::string& dir, std::string source) {
@@ -161,22 +187,7 @@ std::string ChatTemplate::render(const OJson& messages, const OJson& tools, bool
   }
   if (!extra.is_null() && !extra.is_object()) fail("template", "chat_template_kwargs must be a JSON object");
 
-  using jinja::Value;
-  jinja::DictData ctx;
-  ctx.set(Value::string("messages"), jinja::from_json(messages));
-  ctx.set(Value::string("tools"), jinja::from_json(tools));
-  ctx.set(Value::string("documents"), Value::none());
-  ctx.set(Value::string("add_generation_prompt"), Value::boolean(add_generation_prompt));
-  for (auto it = special_tokens_.begin(); it != special_tokens_.end(); ++it)
-    ctx.set(Value::string(it.key()), jinja::from_json(it.value()));
-  if (extra.is_object()) {
-    for (auto it = extra.begin(); it != extra.end(); ++it) {
-      const std::string& k = it.key();
-      if (k == "messages" || k == "tools" || k == "documents" || k == "add_generation_prompt") continue;
-      ctx.set(Value::string(k), jinja::from_json(it.value()));
-    }
-  }
-  return chosen->render(ctx);
+  return chosen->render(build_context(messages, tools, add_generation_prompt, special_tokens_, extra));
 }
 
 std::string ChatTemplate::render_request(const OJson& request) const {

@@ -176,7 +176,7 @@ class WordPieceDecoder : public Decoder {
       auto& t = tokens[i];
       if (i == 0) continue;
       if (!prefix_.empty() && t.compare(0, prefix_.size(), prefix_) == 0) t.erase(0, prefix_.size());
-      else t.insert(0, " ");
+      else t = std::string(" ").append(t);  // (not insert(0): GCC 12 -Wrestrict false positive)
     }
   }
 

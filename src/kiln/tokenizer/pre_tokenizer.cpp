@@ -178,7 +178,7 @@ class ByteLevelPre : public PreTokenizer {
     static const Regex gpt2(kGpt2Pattern, "ByteLevel pre-tokenizer");
     split_each(pieces, [&](const Piece& p, std::vector<Piece>& out) {
       Piece q = p;
-      if (add_prefix_space_ && q.text[0] != ' ') q.text.insert(0, " ");
+      if (add_prefix_space_ && q.text[0] != ' ') q.text = std::string(" ").append(q.text);
       size_t first = out.size();
       if (use_regex_) {
         auto spans = spans_from_matches(q.text, [&](const auto& cb) { gpt2.find_all(q.text, cb); }, false);
@@ -215,7 +215,7 @@ class MetaspacePre : public PreTokenizer {
       const std::string& seen = dummy_prefix_ ? p.text : q.text;
       bool starts = seen.compare(0, replacement_.size(), replacement_) == 0;
       if (!starts && (scheme_ == Prepend::always || (scheme_ == Prepend::first && p.at_start))) {
-        q.text.insert(0, replacement_);
+        q.text = std::string(replacement_).append(q.text);
       }
       if (!split_) {
         out.push_back(std::move(q));

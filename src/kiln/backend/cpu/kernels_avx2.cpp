@@ -51,6 +51,12 @@ struct Avx2 {
   static V codes(const uint8_t* p) {
     if constexpr (BITS == 8) {
       return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    } else if constexpr (BITS == 4) {  // nibbles: low/high halves of 4 bytes interleaved back into order
+      uint32_t u;
+      std::memcpy(&u, p, 4);
+      const __m128i v = _mm_cvtsi32_si128(static_cast<int>(u)), m = _mm_set1_epi8(0x0F);
+      const __m128i q = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
     } else {
       uint64_t v;
       std::memcpy(&v, p, 8);

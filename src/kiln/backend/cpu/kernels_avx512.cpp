@@ -73,6 +73,11 @@ struct Avx512 {
   }
   template <int BITS>
   static V codes(const uint8_t* p) {
+    if constexpr (BITS == 4) {  // 8 bytes of nibbles: low/high halves interleaved back into order
+      const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0F);
+      const __m128i q = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+    }
     const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(codes8<BITS>(p)), codes8<BITS>(p + BITS), 1);
     return _mm512_cvtepi32_ps(q);
   }

@@ -104,8 +104,18 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
   const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache);
   for (int item = threadIdx.x; item < group * hd; item += blockDim.x) {
     const int g = item / hd, d = item % hd;
+    // 8 independent V loads in flight per thread before they are used (a serial chain of L2
+    // round trips was this kernel's cost at large batches).
     float acc = 0.0f;
-    for (int i = 0; i < nk; ++i) acc = fmaf(p_s[g * kps + i], __bfloat162float(vc[row_s[i] + d]), acc);
+    int i = 0;
+    for (; i + 8 <= nk; i += 8) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = __bfloat162float(vc[row_s[i + u] + d]);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc = fmaf(p_s[g * kps + i + u], v[u], acc);
+    }
+    for (; i < nk; ++i) acc = fmaf(p_s[g * kps + i], __bfloat162float(vc[row_s[i] + d]), acc);
     const int h = kvh * group + g;
     if (n_splits == 1) {
       static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h} * hd + d] = __float2bfloat16_rn(acc / l_s[g]);
