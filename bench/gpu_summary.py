@@ -45,5 +45,5 @@ prof = os.path.join(out, 'profile.txt')
 if os.path.exists(prof):
     print("Per-op device time, llama-3-8b, 128-token prompt + 64 decode steps at batch 1 (events around each op, graphs off):\n")
     print("```")
-    print(open(prof).read().strip())
+    print('\n'.join(l for l in open(prof).read().replace('\r', '\n').splitlines() if 'uploading weights' not in l and l.strip()))
     print("```")

@@ -27,7 +27,6 @@ struct ServeArgs {
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int top_k = 0, max_tokens = 512;
   int batch = 8, max_batch_tokens = 2048;
-  double prompt_cache_gib = -1;
   size_t prompt_cache_bytes = 2ull << 30;
   size_t kv_cache_bytes = 0;
 };

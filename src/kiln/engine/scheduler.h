@@ -1,7 +1,8 @@
 // The scheduler: each step picks sequences and a token count for each within a token budget.
 // Running sequences go first (a decode token, or the next prefill chunk), then waiting ones
 // are admitted while KV blocks and the sequence limit allow. When blocks run out, the newest
-// running sequence is preempted by recompute (its blocks freed, its tokens kept).
+// running sequence is preempted by recompute (its blocks freed, its tokens kept). A sequence
+// admitted from scratch first takes the longest cached prefix of its tokens (BlockManager).
 // No tensor work: unit-testable without a model.
 #pragma once
 #include <deque>

@@ -238,6 +238,11 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
   auto pump = [this, ctx](const std::function<bool(bool)>& emit) -> bool {
     const int n = static_cast<int>(ctx->choices.size());
     while (ctx->n_done < n && ctx->error.empty()) {
+      if (stopping_) {
+        ctx->error = "the server is shutting down";
+        ctx->error_status = 503;
+        break;
+      }
       if (Clock::now() > ctx->deadline) {
         ctx->error = fmt::format("the request timed out after {} s", cfg_.request_timeout_s);
         ctx->error_status = 504;

@@ -218,6 +218,9 @@ void Server::bind() {
 
 void Server::listen() { http_->listen_after_bind(); }
 
-void Server::stop() { http_->stop(); }
+void Server::stop() {
+  stopping_ = true;
+  http_->stop();
+}
 
 }  // namespace kiln::server

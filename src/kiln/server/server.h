@@ -64,6 +64,7 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   HttpCounters counters_;
   std::atomic<int> active_{0};  // completion requests in flight
+  std::atomic<bool> stopping_{false};  // stop() was called: requests in flight end with 503
   int port_ = 0;
 };
 

@@ -2,6 +2,7 @@
 // (json.dumps with ensure_ascii=False, indent, separators, sort_keys). Filters that return
 // generators in jinja2 (map, select, unique, ...) return lists here.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,15 @@ namespace kiln::tokenizer::jinja {
 namespace {
 
 Value str_value(std::string s) { return Value::string(std::move(s)); }
+
+// Counts and widths past this are refused: Python would try to build the result and run out of memory.
+constexpr int64_t kMaxCount = int64_t{1} << 20;
+
+int64_t bounded(const Value& v, const char* what) {
+  int64_t n = v.as_int();
+  if (n > kMaxCount) throw TemplateError(std::string(what) + " too large");
+  return n;
+}
 
 // soft_str: str() that keeps Markup.
 Value soft_str(const Value& v) { return v.is_string() ? v : Value::string(to_str(v)); }
@@ -76,7 +86,7 @@ Value tojson(const Value& v, const CallArgs& args) {
     if (ind.is_string()) {
       indent = ind.str();
     } else if (ind.is_int() || ind.is_bool()) {
-      indent = std::string(static_cast<size_t>(std::max<int64_t>(0, ind.as_int())), ' ');
+      indent = std::string(static_cast<size_t>(std::max<int64_t>(0, bounded(ind, "tojson indent"))), ' ');
     } else {
       throw TemplateError("tojson: indent must be an int or a string");
     }
@@ -96,7 +106,8 @@ Value tojson(const Value& v, const CallArgs& args) {
 
 Value indent_filter(const Value& s, const ArgBinder& p) {
   Value width = p.get_or(0, Value::integer(4));
-  std::string ind = width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
+  std::string ind =
+      width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, bounded(width, "indent width"))), ' ');
   bool first = truthy(p.get_or(1, Value::boolean(false))), blank = truthy(p.get_or(2, Value::boolean(false)));
   if (s.is_undefined()) fail_undefined(s);
   if (!s.is_string()) throw TemplateError("unsupported operand type(s) for +=: '" + type_name(s) + "' and 'str'");
@@ -127,7 +138,7 @@ Value round_filter(const Value& v, const ArgBinder& p) {
   if (!std::isfinite(x)) return Value::number(x);
   if (precision >= 0 && precision < 300) {
     // printf rounds the exact binary value half-to-even, as CPython's round() does.
-    char buf[512];
+    char buf[1024];  // up to 309 integer digits + 299 decimals
     snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), x);
     return Value::number(std::strtod(buf, nullptr));
   }
@@ -353,13 +364,19 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& args
     int64_t base = p.get_or(1, Value::integer(10)).as_int();
     if (v.is_string() && base != 10) {
       std::string s = pystr::strip(v.str(), nullptr, true, true);
+      if (base < 2 || base > 36) throw TemplateError("int() base must be >= 2 and <= 36, or 0");
       char* end = nullptr;
+      errno = 0;
       long long r = std::strtoll(s.c_str(), &end, static_cast<int>(base));
-      if (!s.empty() && *end == '\0') return Value::integer(r);
+      if (errno == ERANGE) throw TemplateError("integer overflow (the interpreter's ints are 64-bit)");
+      if (!s.empty() && end == s.c_str() + s.size()) return Value::integer(r);
     } else if (auto i = to_int(v)) {
       return Value::integer(*i);
     }
-    if (auto f = to_float(v); f && std::isfinite(*f)) return Value::integer(static_cast<int64_t>(std::trunc(*f)));
+    if (auto f = to_float(v); f && std::isfinite(*f)) {
+      if (std::fabs(*f) >= 9.2e18) throw TemplateError("integer overflow (the interpreter's ints are 64-bit)");
+      return Value::integer(static_cast<int64_t>(std::trunc(*f)));
+    }
     return p.get_or(0, Value::integer(0));
   }
   if (name == "float") {
@@ -370,7 +387,9 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& args
   if (name == "abs") {
     if (v.is_undefined()) fail_undefined(v);
     if (!v.is_number()) throw TemplateError("bad operand type for abs(): '" + type_name(v) + "'");
-    return v.is_float() ? Value::number(std::fabs(v.as_double())) : Value::integer(std::llabs(v.as_int()));
+    if (v.is_float()) return Value::number(std::fabs(v.as_double()));
+    if (v.as_int() == INT64_MIN) throw TemplateError("integer overflow (the interpreter's ints are 64-bit)");
+    return Value::integer(std::llabs(v.as_int()));
   }
   if (name == "round") return round_filter(v, ArgBinder(what, args, {"precision", "method"}));
   if (name == "indent") return indent_filter(v, ArgBinder(what, args, {"width", "first", "blank"}));
@@ -400,7 +419,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& args
   if (name == "batch" || name == "slice") {
     ArgBinder p(what, args, {"count", "fill_with"});
     if (!p.get(0) || !(p.get(0)->is_int())) throw TemplateError(name + ": the count must be an integer");
-    int64_t n = p.get(0)->as_int();
+    int64_t n = bounded(*p.get(0), name.c_str());
     if (n <= 0) throw TemplateError(name + ": the count must be positive");
     const Value* fill = p.get(1) && !p.get(1)->is_none() ? p.get(1) : nullptr;
     std::vector<Value> items = iterate(v), out, cur;

@@ -1,6 +1,7 @@
 // Python string formatting for templates: format(value, spec) with the format-spec mini
 // language, str.format() fields ({}, {0}, {name}, {0.attr}, {0[key]}, !r/!s, :spec) and
 // printf-style `fmt % args` (%s %r %d %i %f %e %g %x %o %c with flags, width, precision).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -10,6 +11,9 @@
 
 namespace kiln::tokenizer::jinja {
 namespace {
+
+// Widths and precisions past this are refused (Python would try to build the string).
+constexpr int64_t kMaxWidth = 1 << 20;
 
 struct Spec {
   char32_t fill = U' ';
@@ -49,7 +53,10 @@ Spec parse_spec(const std::string& spec_text) {
   }
   auto read_int = [&]() {
     int64_t v = -1;
-    while (i < u.size() && u[i] >= '0' && u[i] <= '9') v = (v < 0 ? 0 : v * 10) + (u[i++] - '0');
+    while (i < u.size() && u[i] >= '0' && u[i] <= '9') {
+      v = (v < 0 ? 0 : v * 10) + (u[i++] - '0');
+      if (v > kMaxWidth) throw TemplateError("Too many decimal digits in format string");
+    }
     return v;
   };
   s.width = read_int();
@@ -125,28 +132,33 @@ std::string format_int(int64_t v, const Spec& s) {
   return pad(sign_of(neg, s.sign) + prefix, digits, s, '>');
 }
 
+// printf of one double with a precision, into a string of the size it needs.
+std::string printf_double(const char* fmt, int precision, double x) {
+  int n = std::snprintf(nullptr, 0, fmt, precision, x);
+  std::string out(static_cast<size_t>(std::max(n, 0)) + 1, '\0');
+  std::snprintf(out.data(), out.size(), fmt, precision, x);
+  out.resize(static_cast<size_t>(std::max(n, 0)));
+  return out;
+}
+
 std::string format_float(double v, const Spec& s) {
   char t = s.type;
   bool neg = std::signbit(v) && !std::isnan(v);
   double mag = std::fabs(v);
   std::string body;
-  char buf[512];
   if (t == 0 && s.precision < 0) {
     body = float_repr(mag);
   } else if (t == '%') {
-    snprintf(buf, sizeof buf, s.alt ? "%#.*f" : "%.*f", static_cast<int>(s.precision < 0 ? 6 : s.precision), mag * 100);
-    body = std::string(buf) + "%";
+    body = printf_double(s.alt ? "%#.*f" : "%.*f", static_cast<int>(s.precision < 0 ? 6 : s.precision), mag * 100) + "%";
   } else if (t == 0 || t == 'g' || t == 'G' || t == 'n') {
     int p = static_cast<int>(s.precision < 0 ? 6 : s.precision == 0 ? 1 : s.precision);
-    snprintf(buf, sizeof buf, s.alt ? (t == 'G' ? "%#.*G" : "%#.*g") : (t == 'G' ? "%.*G" : "%.*g"), p, mag);
-    body = buf;
+    body = printf_double(s.alt ? (t == 'G' ? "%#.*G" : "%#.*g") : (t == 'G' ? "%.*G" : "%.*g"), p, mag);
     // No type: like 'g' but a fixed-point result keeps one digit after the point.
     if (t == 0 && std::isfinite(mag) && body.find_first_of(".e") == std::string::npos) body += ".0";
   } else if (t == 'e' || t == 'E' || t == 'f' || t == 'F') {
     char f[8] = {'%', '.', '*', t, 0};
     if (s.alt) snprintf(f, sizeof f, "%%#.*%c", t);
-    snprintf(buf, sizeof buf, f, static_cast<int>(s.precision < 0 ? 6 : s.precision), mag);
-    body = buf;
+    body = printf_double(f, static_cast<int>(s.precision < 0 ? 6 : s.precision), mag);
   } else {
     throw TemplateError(std::string("Unknown format code '") + t + "' for object of type 'float'");
   }
@@ -328,10 +340,14 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         ++i;
         Value w = take();
         if (!w.is_int()) throw TemplateError("* wants int");
+        if (w.as_int() > kMaxWidth) throw TemplateError("width too big");
         return w.as_int();
       }
       int64_t v = -1;
-      while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') v = (v < 0 ? 0 : v * 10) + (fmt[i++] - '0');
+      while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') {
+        v = (v < 0 ? 0 : v * 10) + (fmt[i++] - '0');
+        if (v > kMaxWidth) throw TemplateError("width too big");
+      }
       return v;
     };
     s.width = read_num();

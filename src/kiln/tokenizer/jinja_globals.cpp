@@ -42,10 +42,11 @@ Value range_fn(const CallArgs& args) {
   }
   if (step == 0) throw TemplateError("range() arg 3 must not be zero");
   std::vector<Value> out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
     if (out.size() >= 100000)
       throw TemplateError("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     out.push_back(Value::integer(i));
+    if (__builtin_add_overflow(i, step, &i)) break;
   }
   return Value::list(std::move(out));
 }

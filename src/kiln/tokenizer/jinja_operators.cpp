@@ -237,7 +237,7 @@ std::optional<double> to_float(const Value& v) {
   if (clean.empty()) return std::nullopt;
   char* end = nullptr;
   double d = std::strtod(clean.c_str(), &end);
-  if (*end != '\0') return std::nullopt;
+  if (end != clean.c_str() + clean.size()) return std::nullopt;  // also rejects embedded NULs
   return d;
 }
 

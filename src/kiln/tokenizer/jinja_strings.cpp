@@ -6,6 +6,7 @@
 #include <wctype.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "kiln/base/utf8.h"
 
@@ -282,6 +283,7 @@ std::string pad(std::string_view s, int64_t width, char32_t fill, char align) {
   int64_t len = static_cast<int64_t>(length(s));
   int64_t marg = width - len;
   if (marg <= 0) return std::string(s);
+  if (marg > (int64_t{1} << 26)) throw std::length_error("padding width too large");
   int64_t left = align == '<' ? 0 : align == '>' ? marg : marg / 2 + (marg & width & 1);
   std::string f;
   kiln::utf8::append(f, fill);
@@ -370,7 +372,10 @@ std::vector<int64_t> slice_indices(int64_t n, std::optional<int64_t> start, std:
   int64_t b = clamp(start, step < 0 ? upper : lower);
   int64_t e = clamp(stop, step < 0 ? lower : upper);
   std::vector<int64_t> out;
-  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) out.push_back(i);
+  for (int64_t i = b; step > 0 ? i < e : i > e;) {
+    out.push_back(i);
+    if (__builtin_add_overflow(i, step, &i)) break;  // a step past the int range ends the slice
+  }
   return out;
 }
 

@@ -94,7 +94,8 @@ class Value {
   bool is_markup() const { return type_ == Type::String && flag_; }
 
   bool as_bool() const { return i_ != 0; }
-  int64_t as_int() const { return type_ == Type::Float ? static_cast<int64_t>(f_) : i_; }  // Bool/Int
+  // Bool/Int value; a Float truncates (saturating, NaN -> 0) so a stray call is never UB.
+  int64_t as_int() const { return type_ == Type::Float ? float_to_int(f_) : i_; }
   double as_double() const { return type_ == Type::Float ? f_ : static_cast<double>(i_); }
   const std::string& str() const { return s_; }  // String; for Undefined, the error hint
   const std::vector<Value>& items() const { return *list_; }
@@ -107,6 +108,12 @@ class Value {
   static constexpr uint32_t kMaxNesting = 512;
 
  private:
+  static int64_t float_to_int(double f) {
+    if (!(f == f)) return 0;
+    if (f >= 9.2233720368547758e18) return INT64_MAX;
+    if (f <= -9.2233720368547758e18) return INT64_MIN;
+    return static_cast<int64_t>(f);
+  }
   static Value with_type(Type t) {
     Value v;
     v.type_ = t;
