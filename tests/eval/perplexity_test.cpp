@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "../model_test_util.h"
 #include "kiln/eval/perplexity.h"
 
 using namespace kiln;
@@ -16,21 +17,8 @@ namespace {
 
 const std::string kStories = std::string(KILN_SHARED_DIR) + "/models/stories260K";
 
-struct Loaded {
-  model::ModelConfig cfg;
-  io::WeightSet weights;
-  std::unique_ptr<backend::Backend> be;
-  std::unique_ptr<model::Model> m;
-};
-
-std::unique_ptr<Loaded> load(const std::string& dir) {
-  auto l = std::make_unique<Loaded>();
-  l->cfg = model::ModelConfig::load_dir(dir);
-  l->weights = io::WeightSet::open_dir(dir);
-  l->be = backend::make_cpu_backend();
-  l->m = model::create_model(l->cfg, l->weights, *l->be);
-  return l;
-}
+using Loaded = test::LoadedModel;
+std::unique_ptr<Loaded> load(const std::string& dir) { return test::load_model_dir(dir); }
 
 std::vector<std::vector<int32_t>> some_rows(int n_rows, int len, int vocab) {
   std::vector<std::vector<int32_t>> rows(n_rows);

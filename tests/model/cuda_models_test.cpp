@@ -12,6 +12,8 @@
 #include <numeric>
 #include <span>
 
+#include "../model_test_util.h"
+
 #include "kiln/base/json.h"
 #include "kiln/model/model.h"
 
@@ -32,20 +34,7 @@ std::vector<int32_t> top_k(std::span<const float> v, int k) {
   return idx;
 }
 
-Tensor run_chunk(model::Model& m, model::KvCache& kv, const std::vector<int32_t>& tokens, int begin, int end, bool all_logits) {
-  model::Batch b;
-  b.n_seqs = 1;
-  b.max_blocks = kv.n_blocks;
-  for (int i = 0; i < kv.n_blocks; ++i) b.block_tables.push_back(i);
-  for (int p = begin; p < end; ++p) {
-    b.tokens.push_back(tokens[p]);
-    b.positions.push_back(p);
-    b.token_seq.push_back(0);
-    b.slots.push_back(p);
-    if (all_logits || p == end - 1) b.logit_rows.push_back(p - begin);
-  }
-  return m.forward(b, kv);
-}
+using test::run_chunk;
 
 class CudaModels : public ::testing::TestWithParam<std::string> {
  protected:

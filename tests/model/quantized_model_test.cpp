@@ -13,6 +13,7 @@
 #include "kiln/base/json.h"
 #include "kiln/quant/convert.h"
 #include "kiln/model/model.h"
+#include "../model_test_util.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -28,21 +29,8 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-struct Loaded {
-  model::ModelConfig cfg;
-  io::WeightSet weights;
-  std::unique_ptr<backend::Backend> be;
-  std::unique_ptr<model::Model> m;
-};
-
-std::unique_ptr<Loaded> load(const std::string& dir) {
-  auto l = std::make_unique<Loaded>();
-  l->cfg = model::ModelConfig::load_dir(dir);
-  l->weights = io::WeightSet::open_dir(dir);
-  l->be = backend::make_cpu_backend();
-  l->m = model::create_model(l->cfg, l->weights, *l->be);
-  return l;
-}
+using Loaded = test::LoadedModel;
+std::unique_ptr<Loaded> load(const std::string& dir) { return test::load_model_dir(dir); }
 
 // Prefill 16 tokens (all logits), then decode one: logits [17, vocab] concatenated.
 std::vector<float> run(Loaded& l) {

@@ -10,6 +10,7 @@
 
 #include "kiln/base/json.h"
 #include "kiln/model/model.h"
+#include "../model_test_util.h"
 
 using namespace kiln;
 
@@ -19,37 +20,10 @@ int32_t argmax_of(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-struct Loaded {
-  model::ModelConfig cfg;
-  io::WeightSet weights;
-  std::unique_ptr<backend::Backend> be;
-  std::unique_ptr<model::Model> m;
-};
+using Loaded = test::LoadedModel;
+std::unique_ptr<Loaded> load(const std::string& dir) { return test::load_model_dir(dir); }
 
-std::unique_ptr<Loaded> load(const std::string& dir) {
-  auto l = std::make_unique<Loaded>();
-  l->cfg = model::ModelConfig::load_dir(dir);
-  l->weights = io::WeightSet::open_dir(dir);
-  l->be = backend::make_cpu_backend();
-  l->m = model::create_model(l->cfg, l->weights, *l->be);
-  return l;
-}
-
-// Runs tokens [begin, end) of one sequence whose KV lives in blocks 0.. of the cache.
-Tensor run_chunk(model::Model& m, model::KvCache& kv, const std::vector<int32_t>& tokens, int begin, int end, bool all_logits) {
-  model::Batch b;
-  b.n_seqs = 1;
-  b.max_blocks = kv.n_blocks;
-  for (int i = 0; i < kv.n_blocks; ++i) b.block_tables.push_back(i);
-  for (int p = begin; p < end; ++p) {
-    b.tokens.push_back(tokens[p]);
-    b.positions.push_back(p);
-    b.token_seq.push_back(0);
-    b.slots.push_back(p);
-    if (all_logits || p == end - 1) b.logit_rows.push_back(p - begin);
-  }
-  return m.forward(b, kv);
-}
+using test::run_chunk;
 
 double row_range(const Json& row) {
   double lo = 1e30, hi = -1e30;
