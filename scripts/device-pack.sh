@@ -9,7 +9,7 @@ B=${1:-build-cuda}
 C=.devcarry
 rm -rf "$C" && mkdir -p "$C/bin" "$C/lib" "$C/shared"
 grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >> .git/info/exclude
-for f in "$B/kiln" "$B/tests/cuda_ops_test" "$B/tests/cuda_models_test" "$B/tests/cuda_engine_test" \
+for f in "$B/kiln" "$B/tests/cuda_ops_test" "$B/tests/cuda_models_test" "$B/tests/cuda_engine_test" "$B/tests/cuda_sampling_test" \
          "$B/bench/model_bench" "$B/bench/cuda_ceiling_bench"; do
   strip -o "$C/bin/$(basename "$f")" "$f"
 done

@@ -20,9 +20,9 @@ what=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in cuda_ops_test cuda_models_test cuda_engine_test; do
+  for t in cuda_ops_test cuda_models_test cuda_engine_test cuda_sampling_test; do
     echo "=== $t"
-    LD_LIBRARY_PATH=$KILN_LD_PATH "$C/bin/$t" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|error|knife-edge|prompt logits|greedy tokens|graph replays|rel-L2|max error" | head -n 60
+    LD_LIBRARY_PATH=$KILN_LD_PATH "$C/bin/$t" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|error|knife-edge|prompt logits|greedy tokens|graph replays|rel-L2|max error|chi2" | head -n 60
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi

@@ -1,7 +1,7 @@
 // The engine on the CUDA backend: batched greedy decoding replays CUDA graphs, allocates no device
 // memory once warm, and gives exactly the tokens of the same backend run eagerly (graphs off) —
 // the graph is the same kernels on the same addresses, so the results must be identical. Also the
-// sampled (temperature) path, which downloads f32 logits instead of argmax ids.
+// sampled (temperature) path, which draws on the device (cuda_sampling_test.cpp checks its statistics).
 // Reports SKIPPED where no CUDA device is present.
 #include <gtest/gtest.h>
 
@@ -87,7 +87,7 @@ TEST(CudaEngine, GraphsMatchEagerAndDecodeAllocatesNothing) {
   std::printf("graph replays: %lld; device mallocs after warm-up: %lld\n", static_cast<long long>(graphed.replays),
               static_cast<long long>(graphed.mallocs_end - graphed.mallocs_after_warmup));
 
-  // Sampling at temperature > 0 goes through the host sampler on f32 logits: same seeds, same tokens.
+  // Sampling at temperature > 0 runs the device sampler after the graph: same seeds, same tokens.
   GenRun s1 = generate(*m, true, 3, 30, 0.8f), s2 = generate(*m, false, 3, 30, 0.8f);
   size_t j = 0;
   for (auto& [id, toks] : s1.tokens) EXPECT_EQ(toks, std::next(s2.tokens.begin(), static_cast<long>(j++))->second);

@@ -37,6 +37,23 @@ struct AttnParams {
 
 enum class Activation { silu, gelu_tanh, gelu };
 
+// One row's sampling parameters for Backend::sample_rows: the engine's SamplingParams, flattened.
+struct SampleParams {
+  float temperature = 0.0f;  // <= 0: greedy (argmax of the adjusted logits)
+  float top_p = 1.0f, min_p = 0.0f;
+  int top_k = 0;             // 0: off
+  float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  double uniform = 0.0;      // the row's draw in [0, 1), from its sequence's own generator
+};
+// One token of one row whose logit changes before sampling (at most one entry per (row, token)):
+// + bias, then the repetition penalty when in_context, then - (presence + frequency * n_generated)
+// when n_generated > 0 — the order of the host Sampler's apply_penalties.
+struct LogitAdjust {
+  int32_t row = 0, token = 0;
+  float bias = 0.0f;
+  int32_t in_context = 0, n_generated = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -106,6 +123,15 @@ class Backend {
   // ids[i] = argmax_j x[i, j] (first on ties): x [rows, n] f32 or act dtype, ids i32 [rows].
   // Greedy sampling on the device, so only the ids leave it.
   virtual void argmax_rows(const Tensor& x, Tensor& ids);
+  // ids[r] = a token drawn from row r of logits (f32 [rows, vocab], adjusted in place by `adjust`)
+  // under params[r]: the host Sampler's semantics (temperature, then top-k, min-p, top-p over the
+  // tokens ranked by logit; greedy when temperature <= 0), so only the ids leave the device.
+  virtual void sample_rows(Tensor& logits, const std::vector<SampleParams>& params,
+                           const std::vector<LogitAdjust>& adjust, Tensor& ids) {
+    fail(name(), "sample_rows: not implemented on this backend (sample on the host)");
+  }
+  // Free and total bytes of the device's memory; false for host backends (nothing to budget).
+  virtual bool device_memory(size_t* free_bytes, size_t* total_bytes) const { return false; }
 };
 
 // begin_step()/end_step() for one forward pass, also when it throws.

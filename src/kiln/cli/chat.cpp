@@ -39,7 +39,7 @@ server::RenderedChat render_turn(const ChatOptions& o, const engine::LoadedModel
   return {text, true};
 }
 
-std::unique_ptr<engine::Engine> make_engine(engine::LoadedModel& m) {
+std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::LoadedModel& m) {
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = 1;
   ec.block_size = 8;  // small blocks: more of the previous turn is reusable
@@ -47,13 +47,14 @@ std::unique_ptr<engine::Engine> make_engine(engine::LoadedModel& m) {
   size_t per_token = 2ull * c.n_layers * c.n_kv_heads * c.head_dim * 4;
   ec.n_blocks = (c.max_position_embeddings + ec.block_size - 1) / ec.block_size + 1;
   ec.prompt_cache_bytes = per_token * ec.block_size * ec.n_blocks;  // room to keep a whole conversation
+  o.model.apply_to(ec);  // --kv-cache-bytes replaces the count above; the GPU budget caps it
   return std::make_unique<engine::Engine>(*m.model, ec);
 }
 
 void run_chat(const ChatOptions& o) {
   auto m = o.model.load();
   o.chat.apply_to(*m);
-  auto eng = make_engine(*m);
+  auto eng = make_engine(o, *m);
   Json messages = Json::array();
   std::vector<int32_t> history;  // tokens the engine has seen: every prompt and answer so far (no EOS)
   std::string history_text;      // the rendered text those tokens stand for
@@ -87,7 +88,7 @@ void run_chat(const ChatOptions& o) {
     if (line == "/exit" || line == "/quit") return;
     if (line == "/reset") {
       reset();
-      eng = make_engine(*m);  // a fresh KV cache: nothing of the old conversation is reused
+      eng = make_engine(o, *m);  // a fresh KV cache: nothing of the old conversation is reused
       std::printf("[conversation reset]\n");
       continue;
     }

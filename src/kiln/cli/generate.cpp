@@ -51,6 +51,7 @@ void run_generate(const GenerateArgs& a) {
   ec.scheduler.max_seqs = 1;
   ec.n_blocks = (std::min<int>(m->config.max_position_embeddings, static_cast<int>(ids.size()) + a.max_tokens) + ec.block_size) /
                     ec.block_size + 1;
+  a.model.apply_to(ec);  // --kv-cache-bytes replaces the count above; the GPU budget caps it
   engine::Engine eng(*m->model, ec);
 
   engine::Request r;

@@ -1,4 +1,4 @@
-// --model / --device handling and peak memory for --verbose reports.
+// --model / --device / KV sizing flags, model loading, and peak memory for --verbose reports.
 #include "kiln/cli/model_args.h"
 
 #include <sys/resource.h>
@@ -12,6 +12,18 @@ void ModelArgs::add_to(CLI::App* cmd) {
                   "Model folder or Hugging Face repo id in the local HF cache (default: the embedded stories260K)");
   cmd->add_option("--device", device, "Where to run: auto, cpu or cuda (auto: cuda when a GPU is present)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                  "Fraction of the GPU's total memory this process may use: weights, activations and the KV cache, "
+                  "which is capped to fit (ignored on the CPU)")
+      ->check(CLI::Range(0.01, 1.0))->capture_default_str();
+  cmd->add_option("--kv-cache-bytes", kv_cache_bytes,
+                  "KV cache size in bytes for running sequences, overriding the fraction (default: what the "
+                  "sequences' context needs, within the fraction)");
+}
+
+void ModelArgs::apply_to(engine::EngineConfig& ec) const {
+  ec.gpu_memory_utilization = gpu_memory_utilization;
+  ec.kv_cache_bytes = kv_cache_bytes;
 }
 
 std::unique_ptr<engine::LoadedModel> ModelArgs::load() const {

@@ -1,10 +1,11 @@
-// Flags shared by the subcommands that load a model (--model, --device) and the loading itself,
+// Flags shared by the subcommands that load a model (--model, --device, KV sizing) and the loading itself,
 // so every command resolves the embedded default the same way.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
 
+#include "kiln/engine/engine.h"
 #include "kiln/engine/loader.h"
 
 namespace kiln::cli {
@@ -12,8 +13,14 @@ namespace kiln::cli {
 struct ModelArgs {
   std::string model;           // "" = the embedded default
   std::string device = "auto";
+  // KV pool sizing (engine/kv_sizing.h): the fraction of the GPU's memory the process may use,
+  // and an explicit pool size that overrides it (also on the CPU, where the fraction is ignored).
+  double gpu_memory_utilization = 0.9;
+  size_t kv_cache_bytes = 0;
   void add_to(CLI::App* cmd);
   std::unique_ptr<engine::LoadedModel> load() const;
+  // Puts the KV sizing flags into an engine's config.
+  void apply_to(engine::EngineConfig& ec) const;
 };
 
 // Peak resident memory of this process so far, in bytes.

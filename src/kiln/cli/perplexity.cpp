@@ -9,6 +9,7 @@
 
 #include "kiln/cli/commands.h"
 #include "kiln/cli/model_args.h"
+#include "kiln/engine/kv_sizing.h"
 #include "kiln/eval/perplexity.h"
 
 namespace kiln::cli {
@@ -65,9 +66,24 @@ void run_perplexity(const PerplexityArgs& a) {
     fail("perplexity", "{} has only {} tokens: not one row of --sequence-length {}", a.data_path, data.size(),
          a.sequence_length);
   std::printf("  Sequence length: %d\n  Loaded %zu samples\n", a.sequence_length, rows.size());
-  std::printf("\nEvaluating perplexity with batch size %d...\n", a.batch_size);
+  // Each forward holds its rows' whole KV (16-token blocks, as eval allocates them): the batch is
+  // cut to what --kv-cache-bytes, or the --gpu-memory-utilization budget, allows.
+  int batch = a.batch_size;
+  {
+    backend::Backend& be = m->model->backend();
+    const size_t act = dtype_size(be.act_dtype());
+    engine::KvPoolRequest r;
+    r.bytes_per_block = engine::kv_bytes_per_block(m->config, 16, act);
+    r.kv_cache_bytes = a.model.kv_cache_bytes;
+    r.gpu_memory_utilization = a.model.gpu_memory_utilization;
+    if (be.device_memory(&r.device_free, &r.device_total))
+      r.activation_reserve = engine::activation_reserve_bytes(m->config, a.batch_size * a.sequence_length, act);
+    batch = engine::rows_that_fit(r, (a.sequence_length + 15) / 16, a.batch_size);
+    if (batch < a.batch_size) std::printf("  Batch size cut to %d to fit the KV cache\n", batch);
+  }
+  std::printf("\nEvaluating perplexity with batch size %d...\n", batch);
   eval::EvalOptions opt;
-  opt.batch_size = a.batch_size;
+  opt.batch_size = batch;
   opt.progress = [](int done, int total) {
     std::fprintf(stderr, "  Processed %d/%d samples...\r", done, total);
     if (done == total) std::fputc('\n', stderr);

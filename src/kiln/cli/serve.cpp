@@ -28,7 +28,6 @@ struct ServeArgs {
   int top_k = 0, max_tokens = 512;
   int batch = 8, max_batch_tokens = 2048;
   size_t prompt_cache_bytes = 2ull << 30;
-  size_t kv_cache_bytes = 0;
 };
 
 server::Server* g_server = nullptr;
@@ -60,7 +59,7 @@ void run_serve(ServeArgs& a) {
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = a.batch;
   ec.scheduler.max_batch_tokens = a.max_batch_tokens;
-  ec.kv_cache_bytes = a.kv_cache_bytes;
+  a.model.apply_to(ec);  // --kv-cache-bytes, --gpu-memory-utilization
   ec.prompt_cache_bytes = a.prompt_cache_bytes;
   // The prefix cache's key: the model's identity (its path and config), so no cache is ever
   // matched against another model's tokens.
@@ -121,7 +120,6 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget per engine step (prefill chunks + decodes)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--prompt-cache-bytes", a->prompt_cache_bytes, "Prefix cache size in bytes (0 = off)")->capture_default_str();
-  cmd->add_option("--kv-cache-bytes", a->kv_cache_bytes, "KV cache size in bytes for running sequences (0: batch x context)");
   cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--cors-origin", h.cors_origin, "Send CORS headers allowing this origin (e.g. '*')");
   cmd->add_option("--max-request-bytes", h.max_body_bytes, "Largest request body accepted (413 above)")->capture_default_str();

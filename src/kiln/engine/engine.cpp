@@ -4,35 +4,41 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <unordered_map>
+
+#include "kiln/base/log.h"
+#include "kiln/engine/kv_sizing.h"
 
 namespace kiln::engine {
 
-static int derive_n_blocks(const model::ModelConfig& c, const EngineConfig& cfg, int context) {
-  if (cfg.n_blocks > 0) return cfg.n_blocks;
-  size_t per_block = 2ull * c.n_layers * cfg.block_size * c.n_kv_heads * c.head_dim * 4;  // K and V, f32 worst case
-  if (cfg.kv_cache_bytes > 0) return std::max<int>(1, static_cast<int>(cfg.kv_cache_bytes / per_block));
-  int per_seq = (context + cfg.block_size - 1) / cfg.block_size;
-  return per_seq * std::max(1, cfg.scheduler.max_seqs);
-}
-
-// The prefix cache's blocks: --prompt-cache-bytes of KV at the same f32 worst case, at most 4x
-// the active pool (a tiny model would otherwise allocate gigabytes it can never fill usefully).
-static int derive_cache_blocks(const model::ModelConfig& c, const EngineConfig& cfg, int active) {
-  if (cfg.prompt_cache_bytes == 0) return 0;
-  size_t per_block = 2ull * c.n_layers * cfg.block_size * c.n_kv_heads * c.head_dim * 4;
-  return static_cast<int>(std::min<size_t>(cfg.prompt_cache_bytes / per_block, 4ull * active));
-}
-
-static BlockManager make_blocks(const model::ModelConfig& c, const EngineConfig& cfg) {
-  int active = derive_n_blocks(c, cfg, c.max_position_embeddings);
-  int cached = derive_cache_blocks(c, cfg, active);
-  return BlockManager(active + cached, cfg.block_size, PrefixCacheConfig{cached, cfg.model_key});
+// The KV pool (kv_sizing.h): what the workload can use (explicit n_blocks, else max_seqs full
+// contexts), or --kv-cache-bytes, plus the prefix cache's blocks; on a GPU capped to the
+// --gpu-memory-utilization budget measured now, with the weights already on the device.
+static BlockManager make_blocks(model::Model& m, const EngineConfig& cfg) {
+  const model::ModelConfig& c = m.config();
+  backend::Backend& be = m.backend();
+  KvPoolRequest r;
+  r.bytes_per_block = kv_bytes_per_block(c, cfg.block_size, dtype_size(be.act_dtype()));
+  const int per_seq = (c.max_position_embeddings + cfg.block_size - 1) / cfg.block_size;
+  r.wanted_blocks = cfg.n_blocks > 0 ? cfg.n_blocks : per_seq * std::max(1, cfg.scheduler.max_seqs);
+  r.kv_cache_bytes = cfg.kv_cache_bytes;
+  r.prompt_cache_bytes = cfg.prompt_cache_bytes;
+  r.gpu_memory_utilization = cfg.gpu_memory_utilization;
+  if (be.device_memory(&r.device_free, &r.device_total))
+    r.activation_reserve = activation_reserve_bytes(c, cfg.scheduler.max_batch_tokens, dtype_size(be.act_dtype()));
+  const KvPoolPlan plan = plan_kv_pool(r);
+  if (plan.capped)
+    log::info("KV cache: {} blocks ({:.2f} GB), capped by --gpu-memory-utilization {} (the workload could use {})",
+              plan.active_blocks, static_cast<double>(plan.active_blocks) * r.bytes_per_block / 1e9,
+              cfg.gpu_memory_utilization, r.wanted_blocks);
+  return BlockManager(plan.active_blocks + plan.cached_blocks, cfg.block_size,
+                      PrefixCacheConfig{plan.cached_blocks, cfg.model_key});
 }
 
 Engine::Engine(model::Model& model, EngineConfig cfg)
     : model_(model),
       cfg_(cfg),
-      blocks_(make_blocks(model.config(), cfg)),
+      blocks_(make_blocks(model, cfg)),
       cache_(model::KvCache::allocate(model.backend(), model.config(), blocks_.n_blocks(), cfg.block_size)),
       scheduler_(cfg.scheduler, blocks_),
       context_length_(model.config().max_position_embeddings) {}
@@ -104,6 +110,47 @@ static bool all_plain_greedy(const std::vector<ScheduledChunk>& chunks) {
   return true;
 }
 
+// Sequences that sample this step need no logprobs (prompt or sampled), so the GPU may draw their
+// tokens itself (Backend::sample_rows) and only the ids leave the device.
+static bool no_logprobs(const std::vector<ScheduledChunk>& chunks) {
+  for (const ScheduledChunk& c : chunks)
+    if (wants_prompt_logprobs(*c.seq) || (c.wants_logits && c.seq->logprobs >= 0)) return false;
+  return true;
+}
+
+// The device sampler's inputs for one sequence's logit row: its parameters, the next draw of its
+// own generator (only when the host would draw: temperature > 0 and a token is due), and one
+// adjustment per distinct token its logit bias and penalties touch.
+static void add_device_row(Sequence& s, int row, std::vector<backend::SampleParams>& params,
+                           std::vector<backend::LogitAdjust>& adjust) {
+  const SamplingParams& p = s.sampler.params();
+  backend::SampleParams d;
+  if (s.max_tokens > 0) {  // else nothing is sampled: the row's argmax is ignored
+    d.temperature = p.temperature;
+    d.top_p = p.top_p;
+    d.min_p = p.min_p;
+    d.top_k = p.top_k;
+    d.repetition_penalty = p.repetition_penalty;
+    d.presence_penalty = p.presence_penalty;
+    d.frequency_penalty = p.frequency_penalty;
+    if (p.temperature > 0.0f) d.uniform = s.sampler.next_uniform();
+  }
+  params.push_back(d);
+  if (s.max_tokens == 0) return;
+  std::unordered_map<int32_t, backend::LogitAdjust> touched;
+  auto at = [&](int32_t id) -> backend::LogitAdjust& {
+    auto [it, fresh] = touched.try_emplace(id);
+    if (fresh) it->second.row = row, it->second.token = id;
+    return it->second;
+  };
+  for (auto [id, b] : p.logit_bias) at(id).bias = b;
+  if (p.repetition_penalty != 1.0f)
+    for (int32_t id : s.tokens) at(id).in_context = 1;
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    for (size_t i = s.n_prompt; i < s.tokens.size(); ++i) ++at(s.tokens[i]).n_generated;
+  for (auto& [id, a] : touched) adjust.push_back(a);
+}
+
 int Engine::step() {
   auto chunks = scheduler_.schedule();
   if (chunks.empty()) return 0;
@@ -141,9 +188,14 @@ int Engine::step() {
 
   // GPU: when every sampled sequence is plain greedy, only the argmax ids leave the device.
   b.greedy_only = model_.backend().device() == Device::cuda && all_plain_greedy(chunks);
-  Tensor logits = model_.forward(b, cache_);  // [n_out, vocab] host f32 (greedy_only: i32 ids [n_out])
-  const int32_t* greedy_ids = b.greedy_only ? logits.ptr<int32_t>() : nullptr;
-  const int64_t vocab = b.greedy_only ? 0 : logits.dim(1);
+  // GPU, sampled rows, no logprobs: the device draws the tokens (the host Sampler's semantics).
+  if (!b.greedy_only && cfg_.device_sampling && model_.backend().device() == Device::cuda && no_logprobs(chunks)) {
+    for (size_t ci = 0; ci < chunks.size(); ++ci)
+      if (chunks[ci].wants_logits) add_device_row(*chunks[ci].seq, first_row[ci], b.sample_params, b.sample_adjust);
+  }
+  Tensor logits = model_.forward(b, cache_);  // [n_out, vocab] host f32 (returns_ids(): i32 ids [n_out])
+  const int32_t* greedy_ids = b.returns_ids() ? logits.ptr<int32_t>() : nullptr;
+  const int64_t vocab = b.returns_ids() ? 0 : logits.dim(1);
 
   auto row_span = [&](int row) { return std::span<float>(logits.ptr<float>() + static_cast<int64_t>(row) * vocab, vocab); };
   for (size_t ci = 0; ci < chunks.size(); ++ci) {

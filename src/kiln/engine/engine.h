@@ -20,6 +20,12 @@ struct EngineConfig {
   // (at most 4x as many). 0 turns it off.
   size_t prompt_cache_bytes = 0;
   uint64_t model_key = 0;    // seeds the prefix cache's hash chain (see BlockManager)
+  // GPU: sequences without logprobs sample on the device (only token ids are downloaded); false
+  // keeps every sampled step on the host Sampler.
+  bool device_sampling = true;
+  // GPU: the fraction of the device's total memory the process may use (weights, activations
+  // and the KV pool, which is capped to fit); 0 = no device budget. kv_cache_bytes overrides it.
+  double gpu_memory_utilization = 0.0;
 };
 
 struct EngineStats {

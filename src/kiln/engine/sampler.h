@@ -30,6 +30,10 @@ class Sampler {
   // logits: [vocab] (modified in place). context: the prompt and tokens so far (repetition penalty);
   // generated: only the output tokens (presence/frequency penalties).
   int32_t sample(std::span<float> logits, std::span<const int32_t> context, std::span<const int32_t> generated);
+  // The draw sample() would make next, in [0, 1), for sampling on the device (Backend::sample_rows):
+  // advances the generator exactly as a host sample() at temperature > 0 does, so the stream of a
+  // seed is the same whichever side samples.
+  double next_uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
  private:
   SamplingParams params_;

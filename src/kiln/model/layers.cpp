@@ -93,6 +93,13 @@ bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b
 }
 
 Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, bool graphed) {
+  if (!b.sample_params.empty()) {  // device sampling: after the graph (its parameters change every step)
+    if (graphed) be.end_graph();
+    Tensor ids = be.alloc(DType::i32, {logits.dim(0)});  // [n_out]
+    Tensor l = logits;  // adjusted in place
+    be.sample_rows(l, b.sample_params, b.sample_adjust, ids);
+    return be.to_host(ids);
+  }
   if (!b.greedy_only) {
     if (graphed) be.end_graph();
     return be.to_host(logits);

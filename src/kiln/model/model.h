@@ -26,6 +26,11 @@ struct Batch {
   // The caller only needs each row's argmax (greedy sampling): forward then returns i32 [n_out]
   // token ids instead of f32 logits, computed on the device (the GPU path: no logits download).
   bool greedy_only = false;
+  // Non-empty (one per logit row): sample on the device (Backend::sample_rows) with these
+  // parameters and logit adjustments; forward then returns the drawn ids i32 [n_out].
+  std::vector<backend::SampleParams> sample_params;
+  std::vector<backend::LogitAdjust> sample_adjust;
+  bool returns_ids() const { return greedy_only || !sample_params.empty(); }
   int n_tokens() const { return static_cast<int>(tokens.size()); }
 };
 

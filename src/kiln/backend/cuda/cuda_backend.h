@@ -58,6 +58,10 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) override;
   void argmax_rows(const Tensor& x, Tensor& ids) override;
+  // Device sampling (cuda_sampling.cpp, kernels in sampling.cu).
+  void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
+                   Tensor& ids) override;
+  bool device_memory(size_t* free_bytes, size_t* total_bytes) const override;
 
   // Converts a device float tensor to another float dtype (tests; weights of other dtypes).
   Tensor convert(const Tensor& t, DType to);

@@ -1,0 +1,305 @@
+// Quantized-weight kernels (MLX affine layout, docs/quantization.md): the weight-streaming GEMV for
+// decode batches (y = x · dequant(w)ᵀ without materializing w) and a row dequantizer to bf16/f32
+// (the prefill path's tiles for cuBLASLt, and the quantized embedding gather).
+// A "unit" is 32 consecutive codes of a row: exactly `bits` u32 words, never split across groups
+// (group sizes are multiples of 32), so one lane reads a unit with `bits`-word loads and one scale.
+#include <cstdint>
+
+#include "kiln/backend/cuda/common.cuh"
+#include "kiln/backend/cuda/qkernels.h"
+
+namespace kiln::backend::cuda {
+
+namespace {
+
+constexpr int kQWarps = 4;  // warps per GEMV block
+
+// Loads one unit (BITS words) with the widest loads its alignment allows (unit offsets are
+// multiples of BITS * 4 bytes: 16 for 4/8-bit, 8 for 2/6-bit, 4 for 3/5-bit).
+template <int BITS>
+__device__ __forceinline__ void load_unit(const uint32_t* p, uint32_t (&w)[BITS]) {
+  if constexpr (BITS % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < BITS / 4; ++c) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + c);
+      w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
+    }
+  } else if constexpr (BITS % 2 == 0) {
+#pragma unroll
+    for (int c = 0; c < BITS / 2; ++c) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p) + c);
+      w[2 * c] = u.x, w[2 * c + 1] = u.y;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < BITS; ++c) w[c] = __ldg(p + c);
+  }
+}
+
+// Code j of a unit as the float 2^BITS + q, built by placing q at mantissa bit 23 - BITS under the
+// exponent of 2^BITS (exact: q < 2^BITS fits the mantissa). One shift and one and-or per code once
+// the loops are unrolled (j constant); codes straddling two words use a funnel shift.
+template <int BITS>
+__device__ __forceinline__ float code_plus_magic(const uint32_t (&w)[BITS], int j) {
+  constexpr int pos = 23 - BITS;
+  constexpr uint32_t magic = static_cast<uint32_t>(127 + BITS) << 23;
+  constexpr uint32_t mask = ((1u << BITS) - 1) << pos;
+  const int b = j * BITS, i = b >> 5, off = b & 31;
+  uint32_t v;
+  if (off + BITS <= 32) {
+    v = pos >= off ? w[i] << (pos - off) : w[i] >> (off - pos);
+  } else {
+    v = __funnelshift_r(w[i], w[i + 1], off) << pos;
+  }
+  return __uint_as_float((v & mask) | magic);
+}
+
+__device__ __forceinline__ float load_s(const void* p, Dt t, int64_t i) {
+  switch (t) {
+    case Dt::f32: return __ldg(static_cast<const float*>(p) + i);
+    case Dt::bf16: return to_f(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return to_f(static_cast<const __half*>(p)[i]);
+  }
+}
+__device__ __forceinline__ void store_s(void* p, Dt t, int64_t i, float v) {
+  switch (t) {
+    case Dt::f32: static_cast<float*>(p)[i] = v; break;
+    case Dt::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+  }
+}
+
+// 8 bf16 (one 16-byte load) as floats: bf16 is the high half of an f32.
+__device__ __forceinline__ void load_x8(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t a[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(a[i] << 16);
+    v[2 * i + 1] = __uint_as_float(a[i] & 0xffff0000u);
+  }
+}
+
+// grid (ceil(out / (kQWarps * R)), ceil(n / NT)); block kQWarps * 32. Warp w of the block owns rows
+// [R * (blockIdx.x * kQWarps + w), +R) and tokens [NT * blockIdx.y, +NT); lanes stride over units,
+// UN units per iteration with all their loads issued before use (bytes in flight hide DRAM latency).
+// Per unit and token: part = Σ x·(2^BITS + q) and xs = Σ x, folded as
+//   acc += scale · part + (bias − 2^BITS · scale) · xs   (= scale · Σ x·q + bias · Σ x).
+// The x reads (L1 hits) are shared by the R rows of the warp.
+template <int BITS, int NT, int R, int UN>
+__global__ void __launch_bounds__(kQWarps * 32) qgemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
+                                                             QWeightArgs q, const void* bias, Dt bt, void* y, Dt yt) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r0 = (int64_t{blockIdx.x} * kQWarps + (threadIdx.x >> 5)) * R;
+  if (r0 >= q.out) return;
+  const int64_t t0 = int64_t{blockIdx.y} * NT;
+  const int nt = static_cast<int>(n - t0 < NT ? n - t0 : NT);
+  const int64_t U = q.in / 32, row_words = U * BITS, n_groups = q.in / q.group_size;
+  const int upg = q.group_size / 32;  // units per group
+  constexpr float M = static_cast<float>(1 << BITS);
+  int64_t rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = r0 + r < q.out ? r0 + r : q.out - 1;  // past-the-end rows: computed, not stored
+
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+
+  for (int64_t u0 = lane; u0 < U; u0 += 32 * UN) {
+    uint32_t w[UN][R][BITS];
+    float sc[UN][R], bi[UN][R];
+#pragma unroll
+    for (int k = 0; k < UN; ++k) {
+      const int64_t u = u0 + 32 * k;
+      if (u < U) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_unit<BITS>(q.w + rows[r] * row_words + u * BITS, w[k][r]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < UN; ++k) {
+      const int64_t u = u0 + 32 * k;
+      if (u < U) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int64_t g = rows[r] * n_groups + u / upg;
+          sc[k][r] = load_s(q.scales, q.sdt, g);
+          bi[k][r] = load_s(q.biases, q.sdt, g);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < UN; ++k) {
+      const int64_t u = u0 + 32 * k;
+      if (u >= U) break;
+      float part[R][NT], xs[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        xs[t] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) part[r][t] = 0.0f;
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // 8 codes at a time
+        float xv[NT][8];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t < nt) {
+            load_x8(x + (t0 + t) * q.in + u * 32 + c * 8, xv[t]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) xv[t][e] = 0.0f;
+          }
+#pragma unroll
+          for (int e = 0; e < 8; ++e) xs[t] += xv[t][e];
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float f[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) f[e] = code_plus_magic<BITS>(w[k][r], c * 8 + e);
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) part[r][t] = fmaf(f[e], xv[t][e], part[r][t]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          acc[r][t] = fmaf(sc[k][r], part[r][t], fmaf(bi[k][r] - M * sc[k][r], xs[t], acc[r][t]));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r0 + r >= q.out) break;
+      const float b = bias ? load_s(bias, bt, r0 + r) : 0.0f;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (t < nt) store_s(y, yt, (t0 + t) * q.out + r0 + r, acc[r][t] + b);
+    }
+  }
+}
+
+template <int BITS, int NT, int R, int UN>
+void launch_q(const void* x, int64_t n, const QWeightArgs& q, const void* bias, Dt bt, void* y, Dt yt, cudaStream_t s) {
+  dim3 grid(static_cast<unsigned>((q.out + kQWarps * R - 1) / (kQWarps * R)), static_cast<unsigned>((n + NT - 1) / NT));
+  qgemv_kernel<BITS, NT, R, UN><<<grid, kQWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(x), n, q, bias, bt, y,
+                                                               yt);
+}
+
+// R = 2 rows per warp when there are rows enough to fill the GPU (halves the x reads); UN keeps
+// about four 16-byte weight loads in flight per lane.
+template <int BITS, int NT>
+void launch_rows(const void* x, int64_t n, const QWeightArgs& q, const void* bias, Dt bt, void* y, Dt yt,
+                 cudaStream_t s) {
+  if (q.out >= 8192) launch_q<BITS, NT, 2, (BITS >= 4 ? 2 : 4)>(x, n, q, bias, bt, y, yt, s);
+  else launch_q<BITS, NT, 1, 4>(x, n, q, bias, bt, y, yt, s);
+}
+
+template <int BITS>
+void launch_bits(const void* x, int64_t n, const QWeightArgs& q, const void* bias, Dt bt, void* y, Dt yt,
+                 cudaStream_t s) {
+  if (n <= 1) launch_rows<BITS, 1>(x, n, q, bias, bt, y, yt, s);
+  else if (n <= 4) launch_rows<BITS, 4>(x, n, q, bias, bt, y, yt, s);
+  else launch_rows<BITS, 8>(x, n, q, bias, bt, y, yt, s);
+}
+
+// One thread per (row, unit): 32 values, written with 16-byte stores when VEC (dst aligned).
+template <int BITS, typename OT, bool VEC>
+__global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows, int64_t r0, int64_t n_rows,
+                                OT* __restrict__ dst) {
+  const int64_t U = q.in / 32, row_words = U * BITS, n_groups = q.in / q.group_size;
+  const int upg = q.group_size / 32;
+  constexpr float M = static_cast<float>(1 << BITS);
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n_rows * U;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = idx / U, u = idx % U;
+    const int64_t row = rows ? rows[i] : r0 + i;
+    OT* d = dst + i * q.in + u * 32;
+    float v[32];
+    if (row < 0 || row >= q.out) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = 0.0f;
+    } else {
+      uint32_t w[BITS];
+      load_unit<BITS>(q.w + row * row_words + u * BITS, w);
+      const int64_t g = row * n_groups + u / upg;
+      const float sc = load_s(q.scales, q.sdt, g), bi = load_s(q.biases, q.sdt, g);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = fmaf(sc, code_plus_magic<BITS>(w, j) - M, bi);  // the subtraction is exact
+    }
+    if constexpr (VEC) {
+      constexpr int per = 16 / sizeof(OT);
+#pragma unroll
+      for (int c = 0; c < 32 / per; ++c) {
+        alignas(16) OT tmp[per];
+#pragma unroll
+        for (int e = 0; e < per; ++e) tmp[e] = from_f<OT>(v[c * per + e]);
+        reinterpret_cast<uint4*>(d)[c] = *reinterpret_cast<const uint4*>(tmp);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) d[j] = from_f<OT>(v[j]);
+    }
+  }
+}
+
+template <typename F>
+void dispatch_bits(int bits, F&& f) {
+  switch (bits) {
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 5: f.template operator()<5>(); break;
+    case 6: f.template operator()<6>(); break;
+    case 8: f.template operator()<8>(); break;
+    default:
+      std::fprintf(stderr, "[cuda] quantized kernel: unsupported bits %d\n", bits);
+      std::abort();
+  }
+}
+
+}  // namespace
+
+void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
+                  cudaStream_t s) {
+  if (n == 0 || w.out == 0) return;
+  for (int64_t t0 = 0; t0 < n; t0 += 65535 * 8) {  // grid.y limit (never reached by the caller's batches)
+    const int64_t nn = n - t0 < 65535 * 8 ? n - t0 : 65535 * 8;
+    const void* xp = static_cast<const __nv_bfloat16*>(x) + t0 * w.in;
+    void* yp = static_cast<char*>(y) + t0 * w.out * (yt == Dt::f32 ? 4 : 2);
+    dispatch_bits(w.bits, [&]<int BITS>() { launch_bits<BITS>(xp, nn, w, bias, bt, yp, yt, s); });
+  }
+  KILN_CUDA_LAUNCH_CHECK("qgemv");
+}
+
+void launch_qdequant_rows(const QWeightArgs& w, const int32_t* rows, int64_t r0, int64_t n_rows, void* dst, Dt dt,
+                          cudaStream_t s) {
+  if (n_rows == 0 || w.in == 0) return;
+  const int64_t work = n_rows * (w.in / 32);
+  const unsigned grid = grid_for(work, 256);
+  const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  dispatch_bits(w.bits, [&]<int BITS>() {
+    if (dt == Dt::f32) {
+      auto d = static_cast<float*>(dst);
+      if (vec) qdequant_kernel<BITS, float, true><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
+      else qdequant_kernel<BITS, float, false><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
+    } else {
+      auto d = static_cast<__nv_bfloat16*>(dst);
+      if (vec) qdequant_kernel<BITS, __nv_bfloat16, true><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
+      else qdequant_kernel<BITS, __nv_bfloat16, false><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
+    }
+  });
+  KILN_CUDA_LAUNCH_CHECK("qdequant_rows");
+}
+
+}  // namespace kiln::backend::cuda
