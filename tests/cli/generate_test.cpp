@@ -87,6 +87,28 @@ TEST(GenerateErrors, TruncatedSafetensors) {
   fs::remove_all(dir);
 }
 
+TEST(GenerateErrors, SafetensorsHeaderPastTheEnd) {
+  std::string dir = copy_model("tiny-llama");
+  std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t huge = 1ull << 40;  // the 8-byte little-endian header length
+  f.write(reinterpret_cast<const char*>(&huge), 8);
+  f.close();
+  expect_one_line_error(run_kiln({"generate", "--model", dir}), "model.safetensors");
+  fs::remove_all(dir);
+}
+
+TEST(GenerateErrors, MalformedSafetensorsHeaderJson) {
+  std::string dir = copy_model("tiny-llama");
+  std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(8);
+  f.write("{{{{{{", 6);  // the header's first bytes: no longer valid JSON
+  f.close();
+  auto r = run_kiln({"generate", "--model", dir});
+  expect_one_line_error(r, "model.safetensors");
+  EXPECT_NE(r.err.find("JSON"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 TEST(GenerateErrors, MissingConfigKey) {
   std::string dir = copy_model("tiny-llama");
   auto cfg = kiln::read_json_file(dir + "/config.json");

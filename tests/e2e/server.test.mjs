@@ -321,13 +321,41 @@ test('an API key guards every route but /health', async () => {
   }
 });
 
+// stories260K finishes a whole story in milliseconds, so the abort tests run on a synthetic 100M
+// model (about 20 tokens/s on a CPU): a request is surely still running when its client leaves.
+// Made once, on first use; each test starts its own server so its counters start at 0.
+let slowDir = null;
+function slowModel() {
+  if (!slowDir) {
+    slowDir = mkdtempSync(path.join(tmpdir(), 'kiln-e2e-'));
+    execFileSync(BIN, ['synth', '--shape', 'llama-100m', '--out', path.join(slowDir, 'm'), '--dtype', 'bf16']);
+  }
+  return path.join(slowDir, 'm');
+}
+after(() => { if (slowDir) rmSync(slowDir, { recursive: true, force: true }); });
+
+function startSlowServer() {
+  return startServer(['--model', slowModel(), '--kv-cache-bytes', String(64 << 20), '--prompt-cache-bytes', '0']);
+}
+
+// Waits until the server has generated a few tokens (the request is running), up to 5 s.
+async function untilGenerating(base) {
+  for (let i = 0; i < 200 && ((await metrics(base)).kiln_generation_tokens_total ?? 0) < 5; ++i)
+    await new Promise((r) => setTimeout(r, 25));
+}
+
+// Polls /metrics until no sequence runs and no KV block is held, up to `ms`; returns the last metrics.
+async function untilIdle(base, ms) {
+  let m;
+  for (const end = Date.now() + ms; ;) {
+    m = await metrics(base);
+    if ((m.kiln_running_sequences === 0 && m.kiln_kv_blocks_used === 0) || Date.now() > end) return m;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
 test('a client aborting mid-stream cancels its sequence and frees its KV blocks', async () => {
-  // stories260K finishes a whole story in milliseconds, so this runs on a synthetic 100M model
-  // (about 20 tokens/s on a CPU): the stream is surely still running when the client leaves.
-  const dir = mkdtempSync(path.join(tmpdir(), 'kiln-e2e-'));
-  const model = path.join(dir, 'm');
-  execFileSync(BIN, ['synth', '--shape', 'llama-100m', '--out', model, '--dtype', 'bf16']);
-  const s = await startServer(['--model', model, '--kv-cache-bytes', String(64 << 20), '--prompt-cache-bytes', '0']);
+  const s = await startSlowServer();
   try {
     const c = new OpenAI({ baseURL: s.base + '/v1', apiKey: 'x', maxRetries: 0 });
     // The synthetic model's random ids mostly fall outside its (stories260K) tokenizer, so there
@@ -336,16 +364,10 @@ test('a client aborting mid-stream cancels its sequence and frees its KV blocks'
     const stream = await c.completions.create({ model: 'm', prompt: 'Once upon a time', max_tokens: 400,
       temperature: 0, stream: true }, { signal: abort.signal });
     const reading = (async () => { try { for await (const _ of stream); } catch { /* aborted */ } })();
-    for (let i = 0; i < 200 && ((await metrics(s.base)).kiln_generation_tokens_total ?? 0) < 5; ++i)
-      await new Promise((r) => setTimeout(r, 25));
+    await untilGenerating(s.base);
     abort.abort();
     await reading;
-    let m;
-    for (let i = 0; i < 100; ++i) {
-      m = await metrics(s.base);
-      if (m.kiln_running_sequences === 0 && m.kiln_kv_blocks_used === 0) break;
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    const m = await untilIdle(s.base, 5000);
     assert.equal(m.kiln_running_sequences, 0);
     assert.equal(m.kiln_kv_blocks_used, 0);
     assert.equal(m.kiln_requests_client_disconnected_total, 1);
@@ -355,6 +377,49 @@ test('a client aborting mid-stream cancels its sequence and frees its KV blocks'
     assert.equal(r.usage.completion_tokens, 2);
   } finally {
     await s.stop();
-    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a client aborting a non-streaming request cancels it and frees its KV blocks', async () => {
+  const s = await startSlowServer();
+  try {
+    const c = new OpenAI({ baseURL: s.base + '/v1', apiKey: 'x', maxRetries: 0 });
+    // 400 tokens take the server about 20 s: without the cancel the sequence would still run
+    // long after the 2 s allowed below.
+    for (const chat of [false, true]) {
+      const before = await metrics(s.base);
+      const abort = new AbortController();
+      const body = chat ? { model: 'm', messages: [{ role: 'user', content: 'Once upon a time' }] }
+        : { model: 'm', prompt: 'Once upon a time' };
+      const pending = (chat ? c.chat.completions : c.completions).create({ ...body, max_tokens: 400, temperature: 0 },
+        { signal: abort.signal });
+      pending.catch(() => {});  // rejected below, once aborted
+      for (let i = 0; i < 200; ++i) {
+        const m = await metrics(s.base);
+        if (m.kiln_generation_tokens_total - before.kiln_generation_tokens_total >= 5) break;
+        await new Promise((r) => setTimeout(r, 25));
+      }
+      const t0 = Date.now();
+      abort.abort();
+      await assert.rejects(pending, (e) => e instanceof OpenAI.APIUserAbortError);
+      const m = await untilIdle(s.base, 2000);
+      assert.equal(m.kiln_running_sequences, 0, `chat=${chat}: running after ${Date.now() - t0} ms`);
+      assert.equal(m.kiln_kv_blocks_used, 0, `chat=${chat}`);
+      assert.equal(m.kiln_requests_active, 0, `chat=${chat}`);
+      assert.equal(m.kiln_requests_client_disconnected_total - (before.kiln_requests_client_disconnected_total ?? 0), 1);
+      assert.equal(m['kiln_requests_total{status="499"}'] - (before['kiln_requests_total{status="499"}'] ?? 0), 1);
+      const generated = m.kiln_generation_tokens_total - before.kiln_generation_tokens_total;
+      assert.ok(generated < 100, `chat=${chat}: generated ${generated} of 400`);
+    }
+    // A good request afterwards succeeds, answered as a plain JSON body.
+    const res = await fetch(s.base + '/v1/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: 'm', prompt: 'Hi', max_tokens: 2 }) });
+    assert.equal(res.status, 200);
+    assert.match(res.headers.get('content-type'), /^application\/json/);
+    assert.equal((await res.json()).usage.completion_tokens, 2);
+    const r = await c.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 3 });
+    assert.equal(r.usage.completion_tokens, 3);
+  } finally {
+    await s.stop();
   }
 });

@@ -1,12 +1,15 @@
 // /v1/completions and /v1/chat/completions: submit one engine request per choice (prompts x n),
 // turn each choice's token events into text (streaming detokenizer, then stop strings), and
-// answer as one JSON body or as server-sent events. A failed write means the client left: the
-// request is cancelled at once, which frees its KV blocks.
+// answer as one JSON body or as server-sent events. A client that leaves (a failed write in a
+// stream; a closed socket seen by a peek while a plain request waits) cancels the request at
+// once, which frees its KV blocks.
 #include <httplib.h>
 
 #include <chrono>
 #include <random>
 
+#include "kiln/base/log.h"
+#include "kiln/server/client_socket.h"
 #include "kiln/server/server.h"
 #include "kiln/server/stop_matcher.h"
 
@@ -261,9 +264,24 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
   };
 
   if (!r.stream) {
-    bool ok = pump([](bool) { return true; });
+    // No write shows a closed connection here (the body goes out at the end), so the handler
+    // peeks at its socket while it waits: a client gone means cancel now, not at --timeout.
+    ClientSocket client = ClientSocket::find(hreq.local_addr, hreq.local_port, hreq.remote_addr, hreq.remote_port);
+    if (!client.valid())
+      log::debug("no socket found for {}:{}; a disconnect of this request will not cancel it", hreq.remote_addr,
+                 hreq.remote_port);
+    bool ok = pump([&client](bool) { return !client.peer_closed_throttled(std::chrono::milliseconds(20)); });
     finish_request();
-    if (!ok || !ctx->error.empty())
+    if (!ok) {
+      {
+        std::lock_guard<std::mutex> lk(counters_.mu);
+        ++counters_.cancelled;
+      }
+      ctx->cancelled = true;
+      // Nobody reads this; 499 (nginx's "client closed request") is what /metrics counts.
+      throw ApiError(499, "the client closed the connection before the answer", "", "client_closed_request");
+    }
+    if (!ctx->error.empty())
       throw ApiError(ctx->error_status ? ctx->error_status : 500, ctx->error.empty() ? "the request failed" : ctx->error);
     Json out = ctx->base(chat ? "chat.completion" : "text_completion");
     Json choices = Json::array();

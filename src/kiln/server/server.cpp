@@ -183,7 +183,7 @@ std::string Server::metrics_text() {
   {
     std::lock_guard<std::mutex> lk(counters_.mu);
     for (auto& [status, n] : counters_.by_status) o += fmt::format("kiln_requests_total{{status=\"{}\"}} {}\n", status, n);
-    metric("kiln_requests_client_disconnected_total", "counter", "Streams cancelled because the client went away",
+    metric("kiln_requests_client_disconnected_total", "counter", "Requests cancelled because the client went away",
            static_cast<double>(counters_.cancelled));
   }
   metric("kiln_prompt_tokens_total", "counter", "Prompt tokens computed (cache hits excluded)", static_cast<double>(e.prompt_tokens));

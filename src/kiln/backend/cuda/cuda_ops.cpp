@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kiln/backend/cuda/cuda_impl.h"
+#include "kiln/backend/cuda/cuda_qops.h"
 
 namespace kiln::backend::cuda {
 
@@ -45,7 +46,7 @@ int alignment(const void* p) {
 
 void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
   Impl& im = *impl_;
-  if (table.quantized()) fail("cuda", "embedding: quantized tables are not implemented yet");
+  if (table.quantized()) return quantized_embedding(*this, im, table, ids, out);  // cuda_qops.cpp
   require_i32(ids, "embedding", "ids");
   require_act(out, "embedding", "out");
   const Tensor& w = table.w;
@@ -61,7 +62,7 @@ void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out)
 
 void CudaBackend::matmul(const Tensor& x, const Weight& w, Tensor& y) {
   Impl& im = *impl_;
-  if (w.quantized()) fail("cuda", "matmul: quantized weights are not implemented yet");
+  if (w.quantized()) return quantized_matmul(*this, im, x, w, y);  // cuda_qops.cpp
   require_act(x, "matmul", "x");
   require_act(y, "matmul", "y");
   const Tensor& wt = w.w;

@@ -1,0 +1,136 @@
+// CudaBackend's quantized matmul and embedding (host side): checks a quantized Weight as the CPU
+// backend does (a malformed folder must not make a kernel read out of bounds), makes its three
+// tensors resident, and picks the kernel: the quantized GEMV for decode-sized batches, else bf16 row
+// chunks dequantized into per-step buffers and multiplied by cuBLASLt through the dense path.
+// In graph replay mode every buffer is still allocated (same addresses) and no launch is issued.
+#include "kiln/backend/cuda/cuda_qops.h"
+
+#include <algorithm>
+
+#include "kiln/backend/cuda/qkernels.h"
+
+namespace kiln::backend::cuda {
+
+namespace {
+
+// bf16 elements of one dequantized chunk (128 MB): q/k/v/o/gate/up/down of 8B-class models are one
+// chunk each; a 128k-vocabulary head is a few.
+constexpr int64_t kChunkElems = int64_t{64} << 20;
+
+struct QResident {
+  QWeightArgs args;
+  Tensor w, scales, biases;  // device views (keep the copies alive for the call)
+};
+
+QResident resident_quantized(CudaBackend::Impl& im, const Weight& w, const char* op) {
+  const Tensor& t = w.w;
+  if (w.bits != 2 && w.bits != 3 && w.bits != 4 && w.bits != 5 && w.bits != 6 && w.bits != 8)
+    fail("cuda", "{}: quantized weight with {} bits (supported: 2, 3, 4, 5, 6, 8)", op, w.bits);
+  if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128)
+    fail("cuda", "{}: quantized weight with group size {} (supported: 32, 64, 128)", op, w.group_size);
+  if (t.dtype != DType::u32 || t.ndim() != 2 || (t.dim(1) * 32) % w.bits != 0)
+    fail("cuda", "{}: quantized weight must be 2-D uint32 holding whole {}-bit codes, got {} {}", op, w.bits,
+         dtype_name(t.dtype), shape_str(t.shape));
+  const int64_t out = t.dim(0), in = w.in_features();
+  if (in % w.group_size != 0)
+    fail("cuda", "{}: quantized weight: group size {} does not divide the input dimension {}", op, w.group_size, in);
+  const Shape gshape{out, in / w.group_size};
+  if (w.scales.shape != gshape || w.biases.shape != gshape || w.biases.dtype != w.scales.dtype)
+    fail("cuda", "{}: quantized weight: scales {} {} / biases {} {} do not match {} groups per row of {} rows", op,
+         dtype_name(w.scales.dtype), shape_str(w.scales.shape), dtype_name(w.biases.dtype), shape_str(w.biases.shape),
+         in / w.group_size, out);
+  QResident r;
+  r.w = im.resident_of(t, op);
+  r.scales = im.resident_of(w.scales, op);
+  r.biases = im.resident_of(w.biases, op);
+  // Unit loads are bits * 4 bytes wide at offsets that are multiples of that (rows are whole units).
+  const int need = w.bits % 4 == 0 ? 16 : (w.bits % 2 == 0 ? 8 : 4);
+  if (reinterpret_cast<uintptr_t>(r.w.data) % need != 0)
+    fail("cuda", "{}: quantized weight at a device address not aligned to {} bytes", op, need);
+  r.args = QWeightArgs{static_cast<const uint32_t*>(r.w.data), r.scales.data, r.biases.data,
+                       dt_of(w.scales, op, "scales"), w.bits, w.group_size, out, in};
+  return r;
+}
+
+void require_dev_act(const Tensor& t, const char* op, const char* arg) {
+  if (t.numel() != 0 && (t.empty() || t.device != Device::cuda))
+    fail("cuda", "{}: {} is not a device tensor; upload it first", op, arg);
+  if (t.dtype != DType::bf16 && t.dtype != DType::f32)
+    fail("cuda", "{}: {} must be bfloat16 (or float32), got {}", op, arg, dtype_name(t.dtype));
+}
+
+}  // namespace
+
+void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& w, Tensor& y) {
+  require_dev_act(x, "matmul", "x");
+  require_dev_act(y, "matmul", "y");
+  QResident q = resident_quantized(im, w, "matmul");
+  const int64_t out = q.args.out, in = q.args.in, n = x.rows();
+  if (x.cols() != in)
+    fail("cuda", "matmul: x {} does not match a quantized weight of {} inputs", shape_str(x.shape), in);
+  if (y.numel() != n * out)
+    fail("cuda", "matmul: y {} for x {} and {} outputs", shape_str(y.shape), shape_str(x.shape), out);
+  if (n != 0 && x.data == y.data) fail("cuda", "matmul: y must not alias x");
+  Tensor B;
+  if (!w.bias.empty()) {
+    if (w.bias.numel() != out) fail("cuda", "matmul: bias {} for {} outputs", shape_str(w.bias.shape), out);
+    dt_of(w.bias, "matmul", "bias");
+    B = im.resident_of(w.bias, "matmul");
+  }
+  if (n == 0) return;
+  // The kernels read x as bf16 rows from a 16-byte aligned base: anything else goes through a
+  // per-step bf16 copy (the models pass bf16 activations from the arena, which need none).
+  Tensor xb = x;
+  if (x.dtype != DType::bf16 || reinterpret_cast<uintptr_t>(x.data) % 16 != 0) {
+    xb = be.alloc(DType::bf16, {n, in});
+    if (!im.skip()) launch_convert(x.data, dt_of(x, "matmul", "x"), xb.data, Dt::bf16, n * in, im.stream);
+  }
+  const Dt ydt = dt_of(y, "matmul", "y");
+  if (n <= kQGemvMaxTokens) {
+    if (im.skip()) return;
+    ProfScope ps(im, "matmul (qgemv)");
+    launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, B.empty() ? Dt::f32 : dt_of(B, "matmul", "bias"),
+                 y.data, ydt, im.stream);
+    return;
+  }
+  // Prefill / large batches: chunks of whole rows (a multiple of 128) dequantized to bf16, then the
+  // dense path (cuBLASLt for bf16). With several chunks each result lands in its own buffer and is
+  // copied into y's columns [r0, r0 + rows) (y is [n, out] row-major).
+  const int64_t chunk = std::min(out, std::max<int64_t>(128, kChunkElems / std::max<int64_t>(1, in) / 128 * 128));
+  const size_t esize = dtype_size(y.dtype);
+  for (int64_t r0 = 0; r0 < out; r0 += chunk) {
+    const int64_t rows = std::min(chunk, out - r0);
+    Weight dense;
+    dense.w = be.alloc(DType::bf16, {rows, in});
+    if (!im.skip()) {
+      ProfScope ps(im, "matmul (q dequant)");
+      launch_qdequant_rows(q.args, nullptr, r0, rows, dense.w.data, Dt::bf16, im.stream);
+    }
+    if (rows == out) {
+      be.matmul(xb, dense, y);
+    } else {
+      Tensor yc = be.alloc(y.dtype, {n, rows});
+      be.matmul(xb, dense, yc);
+      if (!im.skip())
+        CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(y.data) + r0 * esize, out * esize, yc.data, rows * esize,
+                                     rows * esize, n, cudaMemcpyDeviceToDevice, im.stream));
+    }
+  }
+  if (!B.empty() && !im.skip()) launch_add_bias(y.data, ydt, n, out, B.data, dt_of(B, "matmul", "bias"), im.stream);
+}
+
+void quantized_embedding(CudaBackend& be, CudaBackend::Impl& im, const Weight& table, const Tensor& ids,
+                         Tensor& out) {
+  if (ids.dtype != DType::i32) fail("cuda", "embedding: ids must be int32, got {}", dtype_name(ids.dtype));
+  if (ids.numel() != 0 && (ids.empty() || ids.device != Device::cuda))
+    fail("cuda", "embedding: ids is in host memory; upload it first");
+  require_dev_act(out, "embedding", "out");
+  QResident q = resident_quantized(im, table, "embedding");
+  const int64_t n = ids.numel(), dim = q.args.in;
+  if (out.numel() != n * dim) fail("cuda", "embedding: out {} for {} ids of dim {}", shape_str(out.shape), n, dim);
+  if (im.skip() || n == 0) return;
+  ProfScope ps(im, "embedding (quantized)");
+  launch_qdequant_rows(q.args, ids.ptr<int32_t>(), 0, n, out.data, dt_of(out, "embedding", "out"), im.stream);
+}
+
+}  // namespace kiln::backend::cuda

@@ -1,0 +1,16 @@
+// Quantized weights (MLX affine layout, docs/quantization.md) on the CUDA backend: the host side
+// of matmul and embedding for Weight::quantized() (validation, residency, kernel choice). Called
+// from CudaBackend::matmul / ::embedding (cuda_ops.cpp); the kernels are in qmatmul.cu.
+#pragma once
+#include "kiln/backend/cuda/cuda_impl.h"
+
+namespace kiln::backend::cuda {
+
+// y [n, out] = x [n, in] · dequant(w)ᵀ (+ bias). Up to kQGemvMaxTokens tokens: the quantized GEMV
+// (packed weights streamed once per 8 tokens); more: row chunks dequantized to bf16 in per-step
+// buffers, then the dense cuBLASLt path of be.matmul.
+void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& w, Tensor& y);
+// out [n, dim] = dequantized rows ids[t] of the table (ids outside [0, vocab) give zero rows).
+void quantized_embedding(CudaBackend& be, CudaBackend::Impl& im, const Weight& table, const Tensor& ids, Tensor& out);
+
+}  // namespace kiln::backend::cuda

@@ -1,0 +1,194 @@
+// Quantized-weight ops on CUDA against the CPU reference backend (MLX affine layout,
+// docs/quantization.md): matmul through the quantized GEMV (1..32 tokens, passes of 8) and through
+// bf16 dequantized chunks + cuBLASLt (33+ tokens, one and several chunks), and the quantized
+// embedding gather, for every bit width (2, 3, 4, 5, 6, 8) and group size (32, 64, 128), scales in
+// f32/bf16/f16. Fresh random packed words, scales, biases and activations each run (the seed is
+// printed; KILN_TEST_SEED=<n> replays it); outputs are poisoned with NaN first.
+// Tolerances on ‖gpu − cpu‖₂ / ‖cpu‖₂ and max |gpu − cpu| / max |cpu|:
+//   bf16 outputs: 1e-2 and 2^-6 (bf16 rounding of the result; of the weights on the GEMM path);
+//   f32 outputs of the GEMV: 1e-4 and 1e-4 (exact weights, f32 sums in another order);
+//   f32 outputs of the GEMM path: 1e-2 and 2^-6 (weights rounded to bf16 for the tensor cores).
+// Reports SKIPPED where no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "cpu_test_util.h"
+
+namespace kiln::backend {
+namespace {
+
+using cpu::test::Rng;
+using cpu::test::to_floats;
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double tol_l2, double tol_max,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double num = 0, den = 0, max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i] << " (not written?)";
+    const double e = std::abs(double(got[i]) - ref[i]);
+    num += e * e;
+    den += double(ref[i]) * ref[i];
+    max_err = std::max(max_err, e);
+    max_ref = std::max(max_ref, std::abs(double(ref[i])));
+  }
+  ASSERT_GT(den, 0) << what << ": the reference is all zeros";
+  EXPECT_LE(std::sqrt(num / den), tol_l2) << what << " rel-L2";
+  EXPECT_LE(max_err / max_ref, tol_max) << what << " max error / max |ref|";
+}
+
+class CudaQOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+    gpu_ = make_cuda_backend(0);
+    cpu_ = make_cpu_backend();
+  }
+  // A random quantized [out, in] matrix: every packed word random (all codes occur), per-group
+  // scales of ~1/(2^bits sqrt(in)) and biases that center the codes, so outputs are O(1).
+  static Weight random_qweight(Rng& rng, int64_t out, int64_t in, int bits, int gs, DType sdt) {
+    Weight w;
+    w.bits = bits;
+    w.group_size = gs;
+    w.w = Tensor::host(DType::u32, {out, in * bits / 32});
+    for (int64_t i = 0; i < w.w.numel(); ++i) w.w.ptr<uint32_t>()[i] = static_cast<uint32_t>(rng.gen()());
+    const int64_t ng = in / gs;
+    Tensor s = Tensor::host(DType::f32, {out, ng}), b = Tensor::host(DType::f32, {out, ng});
+    const float s0 = 2.0f / (float((1 << bits) - 1) * std::sqrt(float(in)));
+    for (int64_t i = 0; i < out * ng; ++i) {
+      const float sc = s0 * rng.uniform(0.5f, 1.5f) * (rng.uniform(0, 1) < 0.2f ? -1.0f : 1.0f);
+      s.ptr<float>()[i] = sc;
+      b.ptr<float>()[i] = -sc * float((1 << bits) - 1) * rng.uniform(0.3f, 0.7f);
+    }
+    w.scales = convert(s, sdt);
+    w.biases = convert(b, sdt);
+    return w;
+  }
+  static Tensor convert(const Tensor& f, DType t) {
+    if (t == DType::f32) return f;
+    Tensor r = Tensor::host(t, f.shape);
+    for (int64_t i = 0; i < f.numel(); ++i) {
+      const float v = f.ptr<float>()[i];
+      r.ptr<uint16_t>()[i] = t == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+    }
+    return r;
+  }
+  // Activations: bf16 values (both backends see the same numbers), held as f32 for the CPU.
+  Tensor act(Rng& rng, Shape s) {
+    Tensor b = rng.tensor(DType::bf16, std::move(s));
+    Tensor f = Tensor::host(DType::f32, b.shape);
+    to_f32(b.data, b.dtype, f.ptr<float>(), b.numel());
+    return f;
+  }
+  Tensor poisoned(DType t, Shape s) {
+    Tensor h = Tensor::host(t, std::move(s));
+    std::memset(h.data, 0xFF, h.nbytes());
+    return gpu_->upload(h);
+  }
+  static Tensor ints(const std::vector<int32_t>& v) {
+    Tensor t = Tensor::host(DType::i32, {static_cast<int64_t>(v.size())});
+    std::copy(v.begin(), v.end(), t.ptr<int32_t>());
+    return t;
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+};
+
+TEST_F(CudaQOps, MatmulEveryWidthAndGroupSize) {
+  Rng rng("CudaQOps.Matmul");
+  struct Case {
+    int64_t n, in, out;
+  };
+  // GEMV: 1 token, 3 (a 4-token pass), 8, 13 and 32 (several 8-token passes); odd row counts (a
+  // warp's rows past the end); 33+ tokens: the dequantize + cuBLASLt path.
+  const std::vector<Case> cases = {{1, 256, 96}, {3, 384, 131}, {8, 1024, 40}, {13, 512, 77}, {32, 128, 33},
+                                   {33, 256, 50}, {70, 384, 129}};
+  const DType sdts[] = {DType::bf16, DType::f16, DType::f32};
+  int idx = 0;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int gs : {32, 64, 128})
+      for (const Case& c : cases) {
+        if (c.in % gs != 0) continue;
+        const DType sdt = sdts[idx % 3], yt = idx % 2 ? DType::f32 : DType::bf16;
+        const bool bias = idx % 4 == 1;
+        ++idx;
+        SCOPED_TRACE(fmt::format("bits={} gs={} n={} in={} out={} scales={} y={} bias={}", bits, gs, c.n, c.in, c.out,
+                                 dtype_name(sdt), dtype_name(yt), bias));
+        Weight w = random_qweight(rng, c.out, c.in, bits, gs, sdt);
+        if (bias) w.bias = rng.tensor(DType::bf16, {c.out}, 0.5f);
+        Tensor x = act(rng, {c.n, c.in});
+        Tensor ref = Tensor::host(DType::f32, {c.n, c.out});
+        cpu_->matmul(x, w, ref);
+        Tensor y = poisoned(yt, {c.n, c.out});
+        gpu_->matmul(gpu_->upload(convert(x, DType::bf16)), w, y);
+        const bool exact_w = yt == DType::f32 && c.n <= 32;
+        expect_close(to_floats(gpu_->to_host(y)), to_floats(ref), exact_w ? 1e-4 : 1e-2, exact_w ? 1e-4 : 1.0 / 64,
+                     "quantized matmul");
+      }
+}
+
+TEST_F(CudaQOps, MatmulLargeShapes) {
+  Rng rng("CudaQOps.MatmulLarge");
+  struct Case {
+    int64_t n, in, out;
+    int bits, gs;
+    bool bias;
+  };
+  // An 8B-model projection at batch 1 and 8 (two rows per warp above 8192 rows), f32 activations
+  // (converted on the device), and a prefill product whose dequantized weight spans two chunks.
+  const std::vector<Case> cases = {{1, 4096, 8195, 4, 64, false},  {8, 4096, 1024, 4, 64, true},
+                                   {5, 14336, 512, 4, 128, false}, {1, 2048, 9000, 3, 32, true},
+                                   {40, 4096, 16500, 4, 64, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("n={} in={} out={} bits={} gs={}", c.n, c.in, c.out, c.bits, c.gs));
+    Weight w = random_qweight(rng, c.out, c.in, c.bits, c.gs, DType::bf16);
+    if (c.bias) w.bias = rng.tensor(DType::bf16, {c.out}, 0.5f);
+    Tensor x = act(rng, {c.n, c.in});
+    Tensor ref = Tensor::host(DType::f32, {c.n, c.out});
+    cpu_->matmul(x, w, ref);
+    Tensor y = poisoned(DType::bf16, {c.n, c.out});
+    gpu_->matmul(gpu_->upload(x), w, y);  // x in f32: the backend converts it to bf16
+    expect_close(to_floats(gpu_->to_host(y)), to_floats(ref), 1e-2, 1.0 / 64, "quantized matmul");
+  }
+}
+
+TEST_F(CudaQOps, EmbeddingEveryWidth) {
+  Rng rng("CudaQOps.Embedding");
+  int idx = 0;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int gs : {32, 64, 128})
+      for (DType ot : {DType::bf16, DType::f32}) {
+        const int64_t vocab = 1000 + idx, dim = 384;
+        const DType sdt = idx++ % 2 ? DType::f16 : DType::bf16;
+        SCOPED_TRACE(fmt::format("bits={} gs={} out={} scales={}", bits, gs, dtype_name(ot), dtype_name(sdt)));
+        Weight table = random_qweight(rng, vocab, dim, bits, gs, sdt);
+        std::vector<int32_t> id(29);
+        for (auto& v : id) v = static_cast<int32_t>(rng.uniform_int(0, vocab - 1));
+        id[3] = 0, id[4] = static_cast<int32_t>(vocab - 1);
+        Tensor ref = Tensor::host(DType::f32, {29, dim});
+        cpu_->embedding(table, ints(id), ref);
+        Tensor out = poisoned(ot, {29, dim});
+        gpu_->embedding(table, gpu_->upload(ints(id)), out);
+        // bf16: one rounding of scale * q + bias; f32: the same f32 expression (FMA or not).
+        expect_close(to_floats(gpu_->to_host(out)), to_floats(ref), ot == DType::f32 ? 1e-6 : 4e-3,
+                     ot == DType::f32 ? 1e-6 : 1.0 / 128, "quantized embedding");
+      }
+}
+
+TEST_F(CudaQOps, MalformedWeightFailsByName) {
+  Rng rng("CudaQOps.Malformed");
+  Weight w = random_qweight(rng, 64, 256, 4, 64, DType::bf16);
+  w.scales = Tensor::host(DType::bf16, {64, 3});  // 4 groups per row expected
+  Tensor y = poisoned(DType::bf16, {1, 64});
+  try {
+    gpu_->matmul(gpu_->upload(convert(act(rng, {1, 256}), DType::bf16)), w, y);
+    FAIL() << "a quantized weight with mis-shaped scales was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scales"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln::backend
