@@ -136,10 +136,13 @@ TEST_F(CudaQOps, MatmulLargeShapes) {
     int bits, gs;
     bool bias;
   };
-  // An 8B-model projection at batch 1 and 8 (two rows per warp above 8192 rows), f32 activations
-  // (converted on the device), and a prefill product whose dequantized weight spans two chunks.
+  // 8B-model projections at batch 1 and 8; every rows-per-warp variant (4 rows from 4096 rows at
+  // one token, 2 from 2048, with a partial last warp); f32 activations (converted on the device);
+  // a prefill product whose dequantized weight spans two chunks.
   const std::vector<Case> cases = {{1, 4096, 8195, 4, 64, false},  {8, 4096, 1024, 4, 64, true},
                                    {5, 14336, 512, 4, 128, false}, {1, 2048, 9000, 3, 32, true},
+                                   {1, 512, 3001, 5, 32, false},   {3, 640, 2049, 6, 64, true},
+                                   {6, 1024, 4100, 8, 128, true},  {1, 4096, 4097, 2, 64, false},
                                    {40, 4096, 16500, 4, 64, true}};
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("n={} in={} out={} bits={} gs={}", c.n, c.in, c.out, c.bits, c.gs));

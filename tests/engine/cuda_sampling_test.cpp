@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -275,14 +276,53 @@ TEST(CudaSampling, NonFiniteLogitsAreNeverDrawn) {
   auto be = backend::make_cuda_backend(0);
   std::vector<float> row(300, -INFINITY);
   row[17] = 1.0f, row[200] = 1.5f, row[299] = NAN;
+  SamplingParams p;
+  p.temperature = 1.0f;
   std::vector<backend::SampleParams> params;
-  for (int i = 0; i < 64; ++i) params.push_back(to_device(SamplingParams{.temperature = 1.0f}, (i + 0.5) / 64));
+  for (int i = 0; i < 64; ++i) params.push_back(to_device(p, (i + 0.5) / 64));
   std::vector<float> logits;
   for (int i = 0; i < 64; ++i) logits.insert(logits.end(), row.begin(), row.end());
   DeviceRun d = device_sample(*be, logits, 64, 300, params);
   for (int32_t id : d.ids) EXPECT_TRUE(id == 17 || id == 200) << id;
   EXPECT_NE(std::count(d.ids.begin(), d.ids.end(), 17), 0);
   EXPECT_NE(std::count(d.ids.begin(), d.ids.end(), 200), 0);
+}
+
+// Not a check: the time of one sample_rows call at a 152k vocab (qwen2.5's), printed for the report.
+TEST(CudaSampling, TimingAtALargeVocab) {
+  REQUIRE_GPU();
+  auto be = backend::make_cuda_backend(0);
+  std::mt19937_64 g(fresh_seed() + 2);
+  const int64_t vocab = 151936;
+  for (int64_t rows : {1, 64, 128}) {
+    std::vector<float> logits;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row = random_logits(g, vocab, 3.0f, 0.0f);
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    Tensor h = Tensor::host(DType::f32, {rows, vocab});
+    std::copy(logits.begin(), logits.end(), h.ptr<float>());
+    Tensor d = be->upload(h), ids = be->alloc(DType::i32, {rows});
+    for (int variant = 0; variant < 3; ++variant) {
+      SamplingParams p;
+      p.temperature = variant == 0 ? 0.0f : 0.8f;
+      if (variant == 2) p.top_p = 0.9f, p.top_k = 50, p.min_p = 0.01f;
+      std::vector<backend::SampleParams> params(static_cast<size_t>(rows), to_device(p, 0.5));
+      be->sample_rows(d, params, {}, ids);  // warm-up
+      be->synchronize();
+      const int reps = 20;
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) {  // as in the engine: parameters uploaded inside a step
+        backend::StepScope step(*be);
+        be->sample_rows(d, params, {}, ids);
+      }
+      be->synchronize();
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+      std::printf("sample_rows timing: %3lld rows x %lld vocab, %-28s %8.1f us per call\n", static_cast<long long>(rows),
+                  static_cast<long long>(vocab),
+                  variant == 0 ? "greedy" : variant == 1 ? "temperature 0.8" : "t 0.8, top-k/p, min-p", us);
+    }
+  }
 }
 
 // ---- in the engine, on a real model

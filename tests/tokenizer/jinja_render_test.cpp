@@ -95,6 +95,9 @@ TEST(JinjaRender, ErrorsNameTheLine) {
   EXPECT_EQ(render_error("{% for x in l %}"), "[template] line 1: unexpected end of template: 'for' is not closed (looking for 'endfor' or 'else')");
   EXPECT_EQ(render_error("{% break %}"), "[template] line 1: 'break' outside of a loop");
   EXPECT_EQ(render_error("{{ 1 / 0 }}"), "[template] line 1: division by zero");
+  EXPECT_EQ(render_error("{{ nothing|int }}"), "[template] line 1: 'nothing' is undefined");
+  EXPECT_EQ(render_error("{{ 'x' % 5 }}"), "[template] line 1: not all arguments converted during string formatting");
+  EXPECT_EQ(render("{{ 'x' % [1, 2] }}|{{ '%s' % nothing }}|"), "x||");  // CPython's % quirks
   EXPECT_EQ(render_error("{{ 'abc'.encode() }}"), "[template] line 1: unsupported method 'str.encode'");
   EXPECT_EQ(render_error("{{ d|tojson }}{{ nothing|tojson }}"), "[template] line 1: Object of type Undefined is not JSON serializable");
 }

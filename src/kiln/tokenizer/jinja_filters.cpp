@@ -361,6 +361,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& args
   }
   if (name == "int") {
     ArgBinder p(what, args, {"default", "base"});
+    if (v.is_undefined()) fail_undefined(v);  // int(Undefined) raises in jinja2
     int64_t base = p.get_or(1, Value::integer(10)).as_int();
     if (v.is_string() && base != 10) {
       std::string s = pystr::strip(v.str(), nullptr, true, true);
@@ -381,6 +382,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& args
   }
   if (name == "float") {
     ArgBinder p(what, args, {"default"});
+    if (v.is_undefined()) fail_undefined(v);
     if (auto f = to_float(v)) return Value::number(*f);
     return p.get_or(0, Value::number(0.0));
   }

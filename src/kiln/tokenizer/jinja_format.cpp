@@ -319,6 +319,7 @@ std::string percent_format(const std::string& fmt, const Value& args) {
     if (fmt[i] == '(') {
       size_t close = fmt.find(')', i);
       if (close == std::string::npos) throw TemplateError("incomplete format key");
+      if (args.is_undefined()) fail_undefined(args);
       if (!args.is_dict()) throw TemplateError("format requires a mapping");
       const Value* v = args.dict().find(Value::string(fmt.substr(i + 1, close - i - 1)));
       if (!v) throw TemplateError("KeyError: '" + fmt.substr(i + 1, close - i - 1) + "'");
@@ -400,7 +401,9 @@ std::string percent_format(const std::string& fmt, const Value& args) {
       throw TemplateError(std::string("unsupported format character '") + conv + "'");
     }
   }
-  if (!used_mapping && !args.is_dict() && next < list.size())
+  // CPython skips this check when the right side is subscriptable (dict, list, Undefined).
+  bool mapping_like = args.is_dict() || (args.is_list() && !args.is_tuple()) || args.is_undefined();
+  if (!used_mapping && !mapping_like && next < list.size())
     throw TemplateError("not all arguments converted during string formatting");
   return out;
 }

@@ -66,9 +66,9 @@ Value concat(std::string s, bool markup = false) {
 
 Value binary_op(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") return concat(to_str(a) + to_str(b));
+  if (op == "%" && a.is_string()) return concat(percent_format(a.str(), b));  // str.__mod__ takes any right side
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
-  if (op == "%" && a.is_string()) return Value::string(percent_format(a.str(), b));
   if (a.is_number() && b.is_number()) {
     bool flt = a.is_float() || b.is_float();
     int64_t x = a.as_int(), y = b.as_int();

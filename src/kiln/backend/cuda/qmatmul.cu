@@ -196,13 +196,26 @@ void launch_q(const void* x, int64_t n, const QWeightArgs& q, const void* bias, 
                                                                yt);
 }
 
-// R = 2 rows per warp when there are rows enough to fill the GPU (halves the x reads); UN keeps
-// about four 16-byte weight loads in flight per lane.
+// Rows per warp R: the x loads, their bf16 -> f32 conversion and Σx are per (unit, token) and
+// shared by the warp's R rows, so a larger R leaves about 3 instructions per code (extract, FMA) —
+// at batch 1 the GEMV is close to instruction-bound on the H200 otherwise (4.3 TB/s of 4-bit codes
+// is ~8.6e12 codes/s against ~3.3e13 lane instructions/s). R = 4 needs out >= 4096 rows to keep
+// >= 1024 warps; fewer rows take R = 2 or 1. UN keeps about eight 16-byte weight loads in flight per
+// lane (half with several tokens, whose x values take the registers).
+constexpr int un_for(int bits, int nt, int r) {
+  const int loads = bits > 4 ? 2 : 1;  // 16-byte loads per unit, rounded up
+  const int un = 8 / (r * loads) / (nt > 1 ? 2 : 1);
+  return un < 1 ? 1 : un;
+}
+
 template <int BITS, int NT>
 void launch_rows(const void* x, int64_t n, const QWeightArgs& q, const void* bias, Dt bt, void* y, Dt yt,
                  cudaStream_t s) {
-  if (q.out >= 8192) launch_q<BITS, NT, 2, (BITS >= 4 ? 2 : 4)>(x, n, q, bias, bt, y, yt, s);
-  else launch_q<BITS, NT, 1, 4>(x, n, q, bias, bt, y, yt, s);
+  if constexpr (NT == 1) {
+    if (q.out >= 4096) return launch_q<BITS, NT, 4, un_for(BITS, NT, 4)>(x, n, q, bias, bt, y, yt, s);
+  }
+  if (q.out >= 2048) return launch_q<BITS, NT, 2, un_for(BITS, NT, 2)>(x, n, q, bias, bt, y, yt, s);
+  launch_q<BITS, NT, 1, un_for(BITS, NT, 1)>(x, n, q, bias, bt, y, yt, s);
 }
 
 template <int BITS>
