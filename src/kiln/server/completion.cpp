@@ -237,7 +237,8 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
   ++active_;
 
   // Pumps events until every choice is done; `emit` is called after each batch of events.
-  // Returns false when emit fails (client gone) or the deadline passes.
+  // Returns false when emit fails (the client is gone); a passed deadline or a shutdown sets
+  // ctx->error and returns true.
   auto pump = [this, ctx](const std::function<bool(bool)>& emit) -> bool {
     const int n = static_cast<int>(ctx->choices.size());
     while (ctx->n_done < n && ctx->error.empty()) {
