@@ -57,9 +57,12 @@ if [ "$what" = bench ] || [ "$what" = all ]; then  # CPU-bound preparation in th
   prep=$!
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in cuda_qops_test cuda_quantized_model_test "cuda_ops_test --gtest_filter=*Matmul*:*Embedding*"; do
+  # 4-bit weights: the tensor-core GEMV by default, the CUDA-core kernel with KILN_CUDA_QGEMV=ffma.
+  for t in cuda_qops_test cuda_quantized_model_test "ffma cuda_qops_test" "ffma cuda_quantized_model_test" \
+          ; do
     el "=== $t"
-    timeout 150 $X/bin/$t 2>&1 | tee -a "$OUT/tests.log" |
+    env=""; [ "${t%% *}" = ffma ] && { env="KILN_CUDA_QGEMV=ffma"; t=${t#ffma }; }
+    env $env timeout 150 $X/bin/$t 2>&1 | tee -a "$OUT/tests.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|error|Expected|Which is|rel-L2|max error|knife-edge|stories260K on CUDA|bits=" | head -n 40
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done

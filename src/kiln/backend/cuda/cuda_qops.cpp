@@ -86,7 +86,7 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
     if (!im.skip()) launch_convert(x.data, dt_of(x, "matmul", "x"), xb.data, Dt::bf16, n * in, im.stream);
   }
   const Dt ydt = dt_of(y, "matmul", "y");
-  if (n <= kQGemvMaxTokens) {
+  if (n <= qgemv_max_tokens(w.bits)) {
     if (im.skip()) return;
     ProfScope ps(im, "matmul (qgemv)");
     launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, B.empty() ? Dt::f32 : dt_of(B, "matmul", "bias"),

@@ -6,9 +6,9 @@
 
 namespace kiln::backend::cuda {
 
-// y [n, out] = x [n, in] · dequant(w)ᵀ (+ bias). Up to kQGemvMaxTokens tokens: the quantized GEMV
-// (packed weights streamed once per 8 tokens); more: row chunks dequantized to bf16 in per-step
-// buffers, then the dense cuBLASLt path of be.matmul.
+// y [n, out] = x [n, in] · dequant(w)ᵀ (+ bias). Up to qgemv_max_tokens(bits) tokens (16 at 4 bits,
+// else 1): the quantized GEMV; more: row chunks dequantized to bf16 in per-step buffers, then the
+// dense cuBLASLt path of be.matmul.
 void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& w, Tensor& y);
 // out [n, dim] = dequantized rows ids[t] of the table (ids outside [0, vocab) give zero rows).
 void quantized_embedding(CudaBackend& be, CudaBackend::Impl& im, const Weight& table, const Tensor& ids, Tensor& out);

@@ -23,7 +23,8 @@ struct QWeightArgs {
 };
 
 // y [n, out] (dtype yt) = x [n, in] (bf16, 16-byte aligned) · dequant(w)ᵀ (+ bias [out] of dtype bt),
-// f32 accumulation, one rounding on store. Streams the packed weights once per pass of 8 tokens.
+// f32 accumulation, one rounding on store. 4-bit: tensor-core kernel, 8 tokens per pass over the
+// packed weights; other widths: CUDA-core kernel, one pass per token.
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
                   cudaStream_t s);
 // dst [n_rows, in] (dtype dt: bf16 or f32) = dequantized rows of w (scale * q + bias in f32, one
@@ -31,9 +32,12 @@ void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bi
 void launch_qdequant_rows(const QWeightArgs& w, const int32_t* rows, int64_t r0, int64_t n_rows, void* dst, Dt dt,
                           cudaStream_t s);
 
-// Up to this many tokens the quantized GEMV runs (passes of 8 over the packed weights: 4 passes of
-// 0.5625 B/weight still read less than dequantizing to bf16 for cuBLASLt, which writes and reads
-// 2 B/weight more); larger batches dequantize row chunks to bf16 and use the dense GEMM.
-constexpr int64_t kQGemvMaxTokens = 32;
+// Whether 4-bit weights take the tensor-core GEMV (default; KILN_CUDA_QGEMV=ffma forces the generic
+// CUDA-core kernel every width uses, for comparison and tests).
+bool qgemv_use_mma();
+// Tokens up to which the quantized GEMV runs rather than dequantize + cuBLASLt: the tensor-core
+// kernel costs about the same for 1..8 tokens per pass; the CUDA-core kernel's cost grows with the
+// tokens (measured on the H200: 8 tokens ran at 6% of the copy rate), so it takes single tokens only.
+inline int64_t qgemv_max_tokens(int bits) { return bits == 4 && qgemv_use_mma() ? 16 : 1; }
 
 }  // namespace kiln::backend::cuda

@@ -1,9 +1,12 @@
-// Quantized-weight kernels (MLX affine layout, docs/quantization.md): the weight-streaming GEMV for
-// decode batches (y = x · dequant(w)ᵀ without materializing w) and a row dequantizer to bf16/f32
-// (the prefill path's tiles for cuBLASLt, and the quantized embedding gather).
+// Quantized-weight kernels (MLX affine layout, docs/quantization.md): weight-streaming GEMVs for
+// decode (y = x · dequant(w)ᵀ without materializing w): a CUDA-core kernel for every width and a
+// tensor-core one for 4 bits (up to 8 tokens per pass), and a row dequantizer to bf16/f32 (the
+// prefill path's tiles for cuBLASLt, and the quantized embedding gather).
 // A "unit" is 32 consecutive codes of a row: exactly `bits` u32 words, never split across groups
 // (group sizes are multiples of 32), so one lane reads a unit with `bits`-word loads and one scale.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "kiln/backend/cuda/common.cuh"
 #include "kiln/backend/cuda/qkernels.h"
@@ -95,7 +98,7 @@ __global__ void __launch_bounds__(kQWarps * 32) qgemv_kernel(const __nv_bfloat16
   const int64_t t0 = int64_t{blockIdx.y} * NT;
   const int nt = static_cast<int>(n - t0 < NT ? n - t0 : NT);
   const int64_t U = q.in / 32, row_words = U * BITS, n_groups = q.in / q.group_size;
-  const int upg = q.group_size / 32;  // units per group
+  const int gshift = q.group_size == 32 ? 0 : (q.group_size == 64 ? 1 : 2);  // unit -> group: u >> gshift
   constexpr float M = static_cast<float>(1 << BITS);
   int64_t rows[R];
 #pragma unroll
@@ -124,7 +127,7 @@ __global__ void __launch_bounds__(kQWarps * 32) qgemv_kernel(const __nv_bfloat16
       if (u < U) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const int64_t g = rows[r] * n_groups + u / upg;
+          const int64_t g = rows[r] * n_groups + (u >> gshift);
           sc[k][r] = load_s(q.scales, q.sdt, g);
           bi[k][r] = load_s(q.biases, q.sdt, g);
         }
@@ -197,11 +200,11 @@ void launch_q(const void* x, int64_t n, const QWeightArgs& q, const void* bias, 
 }
 
 // Rows per warp R: the x loads, their bf16 -> f32 conversion and Σx are per (unit, token) and
-// shared by the warp's R rows, so a larger R leaves about 3 instructions per code (extract, FMA) —
-// at batch 1 the GEMV is close to instruction-bound on the H200 otherwise (4.3 TB/s of 4-bit codes
-// is ~8.6e12 codes/s against ~3.3e13 lane instructions/s). R = 4 needs out >= 4096 rows to keep
-// >= 1024 warps; fewer rows take R = 2 or 1. UN keeps about eight 16-byte weight loads in flight per
-// lane (half with several tokens, whose x values take the registers).
+// shared by the warp's R rows (4.3 TB/s of 4-bit codes is ~8.6e12 codes/s against ~3.3e13 lane
+// instructions/s on the H200, so per-code work must stay at a few instructions). R = 4 needs
+// out >= 4096 rows to keep >= 1024 warps; fewer rows take R = 2 or 1. UN keeps about eight 16-byte
+// weight loads in flight per lane. Measured (BENCHMARKS.md): 25% of the copy rate at 4 bits, batch 1
+// on llama-3-8b's projections — loads and unpacking do not overlap enough (16 warps per SM).
 constexpr int un_for(int bits, int nt, int r) {
   const int loads = bits > 4 ? 2 : 1;  // 16-byte loads per unit, rounded up
   const int un = 8 / (r * loads) / (nt > 1 ? 2 : 1);
@@ -221,9 +224,9 @@ void launch_rows(const void* x, int64_t n, const QWeightArgs& q, const void* bia
 template <int BITS>
 void launch_bits(const void* x, int64_t n, const QWeightArgs& q, const void* bias, Dt bt, void* y, Dt yt,
                  cudaStream_t s) {
-  if (n <= 1) launch_rows<BITS, 1>(x, n, q, bias, bt, y, yt, s);
-  else if (n <= 4) launch_rows<BITS, 4>(x, n, q, bias, bt, y, yt, s);
-  else launch_rows<BITS, 8>(x, n, q, bias, bt, y, yt, s);
+  // One token per grid row: the caller sends more than one token only to the tensor-core kernel
+  // (qgemv_max_tokens); NT = 4/8 variants exist in the template but cost 4-8x at 8 tokens.
+  launch_rows<BITS, 1>(x, n, q, bias, bt, y, yt, s);
 }
 
 // One thread per (row, unit): 32 values, written with 16-byte stores when VEC (dst aligned).
@@ -266,6 +269,110 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
   }
 }
 
+// ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate): up to 8 tokens
+// per pass at the cost of one. A block of 8 warps owns a tile of 16 rows; warp w takes the units
+// [w * U / 8, (w + 1) * U / 8) (contiguous, so a thread's consecutive units share a group). Lane (g,
+// t) (g = lane / 4, t = lane % 4) reads word t of the unit for rows g and g + 8 (codes 8t .. 8t + 7)
+// and x[token g][8t .. 8t + 7]; the MMA's k order is permuted consistently in A and B:
+//   k-step 0: A cols (2t, 2t+1, 2t+8, 2t+9) = codes (8t, 8t+4, 8t+1, 8t+5), k-step 1: (8t+2, 8t+6, 8t+3, 8t+7)
+// so A pairs are ((w >> 4i) & 0x000F000F) | 0x43004300 = bf16x2 (128 + q_i, 128 + q_{i+4}) (exact),
+// and B pairs are byte permutes of the x load. A second MMA with A = 1 gives Σx per token, and per
+// group acc += scale · C1 + (bias − 128 · scale) · C2. The 8 warps' partial sums meet in shared memory.
+constexpr int kMmaWarps = 8;
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pair4(uint32_t w, int i) { return ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u; }
+
+template <int UN>
+__global__ void __launch_bounds__(kMmaWarps * 32) qgemv4_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
+                                                                    QWeightArgs q, const void* bias, Dt bt, void* y,
+                                                                    Dt yt) {
+  __shared__ float red[kMmaWarps][16][8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t tile = blockIdx.x, t0 = int64_t{blockIdx.y} * 8;
+  const int nt = static_cast<int>(n - t0 < 8 ? n - t0 : 8);
+  const int U = static_cast<int>(q.in / 32), n_groups = static_cast<int>(q.in / q.group_size);
+  const int gshift = q.group_size == 32 ? 0 : (q.group_size == 64 ? 1 : 2);
+  const int64_t row_lo = tile * 16 + g < q.out ? tile * 16 + g : q.out - 1;
+  const int64_t row_hi = tile * 16 + g + 8 < q.out ? tile * 16 + g + 8 : q.out - 1;
+  const int row_words = U * 4;
+  const uint32_t* w_lo = q.w + row_lo * row_words + t;
+  const uint32_t* w_hi = q.w + row_hi * row_words + t;
+  const bool has_x = g < nt;
+  const __nv_bfloat16* xr = x + (t0 + (has_x ? g : 0)) * q.in + 8 * t;
+  const int u_begin = static_cast<int>(int64_t{warp} * U / kMmaWarps), u_end = static_cast<int>(int64_t{warp + 1} * U / kMmaWarps);
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float c1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int cur_group = u_begin >> gshift;
+  // Folds the group's C1/C2 into acc with its scales and biases (rows g and g + 8).
+  auto fold = [&](int grp) {
+    const float s_lo = load_s(q.scales, q.sdt, row_lo * n_groups + grp);
+    const float b_lo = load_s(q.biases, q.sdt, row_lo * n_groups + grp);
+    const float s_hi = load_s(q.scales, q.sdt, row_hi * n_groups + grp);
+    const float b_hi = load_s(q.biases, q.sdt, row_hi * n_groups + grp);
+    acc[0] = fmaf(s_lo, c1[0], fmaf(b_lo - 128.0f * s_lo, c2[0], acc[0]));
+    acc[1] = fmaf(s_lo, c1[1], fmaf(b_lo - 128.0f * s_lo, c2[1], acc[1]));
+    acc[2] = fmaf(s_hi, c1[2], fmaf(b_hi - 128.0f * s_hi, c2[2], acc[2]));
+    acc[3] = fmaf(s_hi, c1[3], fmaf(b_hi - 128.0f * s_hi, c2[3], acc[3]));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c1[i] = c2[i] = 0.0f;
+  };
+  constexpr uint32_t one2 = 0x3F803F80u;  // bf16x2 (1, 1)
+  for (int u0 = u_begin; u0 < u_end; u0 += UN) {
+    uint32_t wl[UN], wh[UN];
+    uint4 xv[UN];
+#pragma unroll
+    for (int k = 0; k < UN; ++k) {
+      const int u = u0 + k < u_end ? u0 + k : u_end - 1;
+      wl[k] = __ldg(w_lo + u * 4);
+      wh[k] = __ldg(w_hi + u * 4);
+      xv[k] = has_x ? __ldg(reinterpret_cast<const uint4*>(xr + u * 32)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < UN; ++k) {
+      const int u = u0 + k;
+      if (u >= u_end) break;
+      if ((u >> gshift) != cur_group) {
+        fold(cur_group);
+        cur_group = u >> gshift;
+      }
+      const uint32_t b00 = __byte_perm(xv[k].x, xv[k].z, 0x5410), b01 = __byte_perm(xv[k].x, xv[k].z, 0x7632);
+      const uint32_t b10 = __byte_perm(xv[k].y, xv[k].w, 0x5410), b11 = __byte_perm(xv[k].y, xv[k].w, 0x7632);
+      mma_bf16(c1, pair4(wl[k], 0), pair4(wh[k], 0), pair4(wl[k], 1), pair4(wh[k], 1), b00, b01);
+      mma_bf16(c1, pair4(wl[k], 2), pair4(wh[k], 2), pair4(wl[k], 3), pair4(wh[k], 3), b10, b11);
+      mma_bf16(c2, one2, one2, one2, one2, b00, b01);
+      mma_bf16(c2, one2, one2, one2, one2, b10, b11);
+    }
+  }
+  if (u_begin < u_end) fold(cur_group);
+  // C fragment: acc[0..1] row g, tokens 2t, 2t+1; acc[2..3] row g + 8.
+  red[warp][g][2 * t] = acc[0];
+  red[warp][g][2 * t + 1] = acc[1];
+  red[warp][g + 8][2 * t] = acc[2];
+  red[warp][g + 8][2 * t + 1] = acc[3];
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    const int r = threadIdx.x >> 3, tok = threadIdx.x & 7;
+    const int64_t row = tile * 16 + r;
+    if (row < q.out && tok < nt) {
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kMmaWarps; ++w) v += red[w][r][tok];
+      if (bias) v += load_s(bias, bt, row);
+      store_s(y, yt, (t0 + tok) * q.out + row, v);
+    }
+  }
+}
+
 template <typename F>
 void dispatch_bits(int bits, F&& f) {
   switch (bits) {
@@ -283,14 +390,28 @@ void dispatch_bits(int bits, F&& f) {
 
 }  // namespace
 
+bool qgemv_use_mma() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_QGEMV");
+    return !(e && std::strcmp(e, "ffma") == 0);
+  }();
+  return on;
+}
+
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
                   cudaStream_t s) {
   if (n == 0 || w.out == 0) return;
-  for (int64_t t0 = 0; t0 < n; t0 += 65535 * 8) {  // grid.y limit (never reached by the caller's batches)
-    const int64_t nn = n - t0 < 65535 * 8 ? n - t0 : 65535 * 8;
+  for (int64_t t0 = 0; t0 < n; t0 += 65535) {  // grid.y limit (never reached by the caller's batches)
+    const int64_t nn = n - t0 < 65535 ? n - t0 : 65535;
     const void* xp = static_cast<const __nv_bfloat16*>(x) + t0 * w.in;
     void* yp = static_cast<char*>(y) + t0 * w.out * (yt == Dt::f32 ? 4 : 2);
-    dispatch_bits(w.bits, [&]<int BITS>() { launch_bits<BITS>(xp, nn, w, bias, bt, yp, yt, s); });
+    if (w.bits == 4 && qgemv_use_mma()) {
+      dim3 grid(static_cast<unsigned>((w.out + 15) / 16), static_cast<unsigned>((nn + 7) / 8));
+      qgemv4_mma_kernel<8><<<grid, kMmaWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(xp), nn, w, bias, bt, yp,
+                                                          yt);
+    } else {
+      dispatch_bits(w.bits, [&]<int BITS>() { launch_bits<BITS>(xp, nn, w, bias, bt, yp, yt, s); });
+    }
   }
   KILN_CUDA_LAUNCH_CHECK("qgemv");
 }
