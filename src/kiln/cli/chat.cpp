@@ -157,7 +157,7 @@ void add_chat(CLI::App& app) {
   o->model.add_to(cmd);
   o->chat.add_to(cmd);
   cmd->add_option("-m,--max-tokens", o->max_tokens, "Maximum tokens per answer")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--temp", o->temp, "Sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--temp", o->temp, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed");
   cmd->add_flag("--verbose", o->verbose, "After each answer, print prompt tokens reused from the cache vs prefilled");

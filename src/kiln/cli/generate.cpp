@@ -102,14 +102,14 @@ void add_generate(CLI::App& app) {
   a->model.add_to(cmd);
   cmd->add_option("-p,--prompt", a->prompt, "The prompt; \"-\" reads it from stdin (default: empty, i.e. start from BOS)");
   cmd->add_option("-m,--max-tokens", a->max_tokens, "Maximum number of tokens to generate")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--temp", a->temp, "Sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--temp", a->temp, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   cmd->add_option("--top-p", a->top_p, "Nucleus sampling: keep the top tokens with this much probability mass")
       ->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "Keep only the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--min-p", a->min_p, "Drop tokens less likely than min-p times the most likely one")
       ->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   cmd->add_option("--repetition-penalty", a->repetition_penalty, "Penalty for tokens already in the context (1 = off)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::Range(0.01f, 100.0f))->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed (same seed, same tokens)");
   cmd->add_flag("--ignore-chat-template", a->ignore_chat_template, "Use the raw prompt, without the model's chat template");
   a->chat.add_to(cmd);

@@ -109,7 +109,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--chat-template", a->chat_template, "A chat template (Jinja) to use instead of the tokenizer's");
   cmd->add_option("--chat-template-args", a->chat_template_args,
                   "JSON object of extra chat template variables (e.g. '{\"enable_thinking\": false}')");
-  cmd->add_option("--temp", a->temp, "Default sampling temperature")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--temp", a->temp, "Default sampling temperature")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   cmd->add_option("--top-p", a->top_p, "Default nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "Default top-k (0 = off)")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--min-p", a->min_p, "Default min-p")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
@@ -124,7 +124,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--cors-origin", h.cors_origin, "Send CORS headers allowing this origin (e.g. '*')");
   cmd->add_option("--max-request-bytes", h.max_body_bytes, "Largest request body accepted (413 above)")->capture_default_str();
   cmd->add_option("--timeout", h.request_timeout_s, "Seconds after which a request is cancelled")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::Range(0.001, 1e7))->capture_default_str();
   cmd->add_option("--http-threads", h.http_threads, "HTTP worker threads (each open stream holds one)")
       ->check(CLI::Range(4, 4096))->capture_default_str();
   cmd->add_option("--max-queue", h.max_queue, "Requests waiting or running at most (503 above)")
