@@ -96,13 +96,7 @@ class Gemma final : public Model {
       if (!L.post_mlp_norm.empty()) be.rms_norm(y, L.post_mlp_norm, eps, true, y);
       be.add(x, y, x);
     }
-    Tensor last = be.alloc(t, {in.n_out, c.dim});  // [n_out, dim]
-    be.gather_rows(x, in.logit_rows, last);
-    be.rms_norm(last, final_norm_, eps, true, last);
-    Tensor logits = be.alloc(DType::f32, {in.n_out, head_.out_features()});  // [n_out, vocab] f32 on every backend
-    be.matmul(last, head_, logits);
-    if (final_softcap_ > 0) be.softcap(logits, final_softcap_);
-    return finish_step(be, logits, batch, graphed);
+    return output_logits(be, x, in, final_norm_, eps, true, head_, final_softcap_, batch, graphed);
   }
 
  private:

@@ -220,6 +220,17 @@ MlpWeights load_mlp(const io::WeightSet& ws, const std::string& p, const ModelCo
   return m;
 }
 
+Tensor output_logits(backend::Backend& be, const Tensor& x, const StepInputs& in, const Tensor& final_norm, float eps,
+                     bool one_plus_w, const backend::Weight& head, float softcap, const Batch& b, bool graphed) {
+  Tensor last = be.alloc(be.act_dtype(), {in.n_out, x.dim(1)});  // [n_out, dim]
+  be.gather_rows(x, in.logit_rows, last);
+  be.rms_norm(last, final_norm, eps, one_plus_w, last);
+  Tensor logits = be.alloc(DType::f32, {in.n_out, head.out_features()});  // [n_out, vocab] f32 on every backend
+  be.matmul(last, head, logits);
+  if (softcap > 0) be.softcap(logits, softcap);
+  return finish_step(be, logits, b, graphed);
+}
+
 backend::Activation activation_from_name(const std::string& name, const std::string& where) {
   if (name == "silu" || name == "swish") return backend::Activation::silu;
   if (name == "gelu_pytorch_tanh" || name == "gelu_new" || name == "gelu_fast") return backend::Activation::gelu_tanh;

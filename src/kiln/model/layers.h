@@ -35,6 +35,12 @@ bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b
 // the argmax ids when b.greedy_only), closing the graph begun by begin_step_graph.
 Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, bool graphed);
 
+// The output head shared by the families: only the rows that need logits (in.logit_rows) of the
+// residual stream x [n_tokens, dim] go through the final norm ((1 + w) when one_plus_w) and the
+// head into f32 logits [n_out, vocab], softcapped when softcap > 0; then finish_step().
+Tensor output_logits(backend::Backend& be, const Tensor& x, const StepInputs& in, const Tensor& final_norm, float eps,
+                     bool one_plus_w, const backend::Weight& head, float softcap, const Batch& b, bool graphed);
+
 struct AttentionWeights {
   backend::Weight q, k, v, o;
   Tensor q_norm, k_norm;  // [head_dim] each, empty when the family has none

@@ -81,13 +81,7 @@ class Llama final : public Model {
       else mlp_block(be, L.mlp, act_, h, y);
       be.add(x, y, x);
     }
-    // Only the rows that need logits go through the final norm and the head.
-    Tensor last = be.alloc(t, {in.n_out, c.dim});   // [n_out, dim]
-    be.gather_rows(x, in.logit_rows, last);
-    be.rms_norm(last, final_norm_, eps, false, last);
-    Tensor logits = be.alloc(DType::f32, {in.n_out, head_.out_features()});  // [n_out, vocab] f32 on every backend
-    be.matmul(last, head_, logits);
-    return finish_step(be, logits, batch, graphed);
+    return output_logits(be, x, in, final_norm_, eps, false, head_, 0.0f, batch, graphed);
   }
 
  private:
