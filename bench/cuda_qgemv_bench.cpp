@@ -2,7 +2,7 @@
 // shapes of llama-3-8b: achieved bandwidth for the packed bytes (weights + scales + biases) against
 // the measured device copy bandwidth, per shape and bit width, and the sum of one decode step's
 // projections. Each shape cycles over enough weight copies (>= 384 MB) that L2 (50 MB) cannot serve
-// them; random packed words and scales. Usage: cuda_qgemv_bench [--reps N]. Prints JSON lines, then a table.
+// them; random packed words and scales. Usage: cuda_qgemv_bench [--reps N] [--bits B (16 = bf16)] [--batch N]. Prints JSON lines, then a table.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -53,9 +53,12 @@ double weight_bytes(const backend::Weight& w) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 30;
-  for (int i = 1; i + 1 < argc; i += 2)
+  int reps = 30, only_bits = 0, only_batch = 0;  // 0: every run
+  for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--bits") == 0) only_bits = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--batch") == 0) only_batch = std::atoi(argv[i + 1]);
+  }
   try {
     if (!backend::cuda_device_available()) {
       std::fprintf(stderr, "cuda_qgemv_bench: no CUDA device\n");
@@ -95,6 +98,7 @@ int main(int argc, char** argv) {
     std::printf("\n| bits | group | batch | shape | µs | GB/s | fraction of copy bw |\n|---|---|---|---|---|---|---|\n");
     std::string steps;
     for (const Run& r : runs) {
+      if ((only_bits && r.bits != only_bits) || (only_batch && r.n != only_batch)) continue;
       double step_s = 0, step_bytes = 0;
       for (const Shape& sh : shapes) {
         if (!r.all_shapes && std::string(sh.name) != "gate/up_proj") continue;

@@ -113,7 +113,9 @@ TEST_F(CudaOps, Matmul) {
   // Decode sizes (GEMV, 1..8 tokens and a 9-token second pass), prefill sizes (cuBLASLt), odd sizes
   // (scalar GEMV path, unaligned rows), an 8B-model projection.
   const std::vector<Case> cases = {{1, 64, 64},   {3, 77, 131},   {8, 1000, 33}, {9, 256, 96},
-                                   {64, 512, 384}, {300, 77, 50}, {1, 4096, 1024}, {133, 4096, 1024}};
+                                   {64, 512, 384}, {300, 77, 50}, {1, 4096, 1024}, {133, 4096, 1024},
+                                   // gemv_fast.cu (1 token, bf16): 2 whole 512-vector rounds + a tail; a tail only.
+                                   {1, 8200, 7},   {1, 136, 5}};
   for (DType wt : {DType::f32, DType::bf16, DType::f16})
     for (const Case& c : cases)
       for (bool bias : {false, true})

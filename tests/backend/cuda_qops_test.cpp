@@ -108,7 +108,7 @@ TEST_F(CudaQOps, MatmulEveryWidthAndGroupSize) {
   // passes; other widths: dequantize + cuBLASLt); 32+ tokens: dequantize + cuBLASLt; odd row counts
   // (a partial last row tile / warp).
   const std::vector<Case> cases = {{1, 256, 96}, {3, 384, 131}, {8, 1024, 40}, {13, 512, 77}, {32, 128, 33},
-                                   {33, 256, 50}, {70, 384, 129}};
+                                   {33, 256, 50}, {70, 384, 129}, {1, 32, 7}, {1, 384, 131}};
   const DType sdts[] = {DType::bf16, DType::f16, DType::f32};
   int idx = 0;
   for (int bits : {2, 3, 4, 5, 6, 8})
@@ -147,7 +147,10 @@ TEST_F(CudaQOps, MatmulLargeShapes) {
                                    {5, 14336, 512, 4, 128, false}, {1, 2048, 9000, 3, 32, true},
                                    {1, 512, 3001, 5, 32, false},   {3, 640, 2049, 6, 64, true},
                                    {6, 1024, 4100, 8, 128, true},  {1, 4096, 4097, 2, 64, false},
-                                   {40, 4096, 16500, 4, 64, true}};
+                                   {40, 4096, 16500, 4, 64, true},
+                                   // KILN_CUDA_QGEMV=fast (batch-1 4-bit kernel): several rounds of 16
+                                   // units per warp with a partial last one; 130 units (uneven K split).
+                                   {1, 14336, 1000, 4, 64, true},  {1, 4160, 33, 4, 32, false}};
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("n={} in={} out={} bits={} gs={}", c.n, c.in, c.out, c.bits, c.gs));
     Weight w = random_qweight(rng, c.out, c.in, c.bits, c.gs, DType::bf16);

@@ -35,6 +35,13 @@ void launch_qdequant_rows(const QWeightArgs& w, const int32_t* rows, int64_t r0,
 // Whether 4-bit weights take the tensor-core GEMV (default; KILN_CUDA_QGEMV=ffma forces the generic
 // CUDA-core kernel every width uses, for comparison and tests).
 bool qgemv_use_mma();
+// qgemv_fast.cu: the batch-1 4-bit tensor-core GEMV with x in shared memory and 16 units of weight
+// words in flight per lane; launch_qgemv takes it when qgemv_fast_enabled() (KILN_CUDA_QGEMV=fast)
+// and qgemv_fast_supported(n, w).
+bool qgemv_fast_enabled();
+bool qgemv_fast_supported(int64_t n, const QWeightArgs& w);
+void launch_qgemv4_fast(const void* x, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
+                        cudaStream_t s);
 // Tokens up to which the quantized GEMV runs rather than dequantize + cuBLASLt: the tensor-core
 // kernel costs about the same for 1..8 tokens per pass; the CUDA-core kernel's cost grows with the
 // tokens (measured on the H200: 8 tokens ran at 6% of the copy rate), so it takes single tokens only.

@@ -405,7 +405,9 @@ void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bi
     const int64_t nn = n - t0 < 65535 ? n - t0 : 65535;
     const void* xp = static_cast<const __nv_bfloat16*>(x) + t0 * w.in;
     void* yp = static_cast<char*>(y) + t0 * w.out * (yt == Dt::f32 ? 4 : 2);
-    if (w.bits == 4 && qgemv_use_mma()) {
+    if (qgemv_fast_enabled() && qgemv_fast_supported(nn, w)) {
+      launch_qgemv4_fast(xp, w, bias, bt, yp, yt, s);
+    } else if (w.bits == 4 && qgemv_use_mma()) {
       dim3 grid(static_cast<unsigned>((w.out + 15) / 16), static_cast<unsigned>((nn + 7) / 8));
       qgemv4_mma_kernel<8><<<grid, kMmaWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(xp), nn, w, bias, bt, yp,
                                                           yt);
