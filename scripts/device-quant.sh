@@ -10,22 +10,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 C=.devcarry-q
+. scripts/device-lib.sh
 if [ "${1:-}" = pack ]; then
   set -e
-  B=${2:-build-cudaq}
-  rm -rf "$C" && mkdir -p "$C/bin" "$C/lib" "$C/shared/models"
-  grep -qx '/.devcarry-q/' .git/info/exclude 2>/dev/null || echo '/.devcarry-q/' >> .git/info/exclude
-  for f in "$B/kiln" "$B/tests/cuda_qops_test" "$B/tests/cuda_quantized_model_test" "$B/tests/cuda_ops_test" \
-           "$B/bench/cuda_qgemv_bench" "$B/bench/model_bench"; do
-    strip -o "$C/bin/$(basename "$f")" "$f"
-  done
-  for f in "$C"/bin/*; do ldd "$f"; done | awk '/=> \// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*|libz|libssl|libcrypto)\.so' |
-    while read -r l; do cp -L "$l" "$C/lib/"; done
-  cp -r ../shared/models/stories260K "$C/shared/models/"
-  # The executables carry every kernel's machine code (~15 MB each): compressed they fit the carry limit.
-  tar cf - -C "$C" bin | xz -6 -T2 > "$C/bin.tar.xz" && rm -rf "$C/bin"
-  du -sh "$C"
+  carry_pack "$C" "${2:-build-cudaq}" yes kiln tests/cuda_qops_test tests/cuda_quantized_model_test tests/cuda_ops_test \
+    bench/cuda_qgemv_bench bench/model_bench
   exit 0
 fi
 [ "${1:-}" = run ] || { echo "usage: $0 pack [BUILD_DIR] | run [tests|bench|all]" >&2; exit 2; }
@@ -33,15 +22,9 @@ what=${2:-all}
 C=$PWD/$C
 OUT=${OUT:-/tmp/out}
 X=/tmp/kiln-q-carry  # the unpacked executables: $X/bin
-mkdir -p "$X"
-if [ ! -d "$X/bin" ]; then
-  if command -v xz > /dev/null; then xz -dc "$C/bin.tar.xz" | tar xf - -C "$X"
-  else python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$C/bin.tar.xz" | tar xf - -C "$X"; fi
-fi
 mkdir -p "$OUT"
-cublas_dir=/usr/local/cuda/lib64
-[ -e "$cublas_dir/libcublasLt.so.13" ] || cublas_dir=$(dirname "$(find / -name 'libcublasLt.so.13' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=$C/lib:$cublas_dir
+carry_unpack "$C" "$X"
+export LD_LIBRARY_PATH=$CARRY_LD_PATH
 export KILN_SHARED_DIR=$C/shared
 M=/tmp/kiln-q-models
 t0=$(date +%s)
