@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -59,6 +61,21 @@ inline std::vector<float> to_floats(const Tensor& t) {
   std::vector<float> r(t.numel());
   kiln::to_f32(t.data, t.dtype, r.data(), t.numel());
   return r;
+}
+
+// A host i32 tensor holding v.
+inline Tensor host_ints(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::host(DType::i32, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.ptr<int32_t>());
+  return t;
+}
+
+// A tensor of dtype t on backend be filled with NaN bytes (bf16 0xFFFF / f32 NaN), so an output
+// element an op forgets to write fails the comparison.
+inline Tensor poisoned(Backend& be, DType t, Shape s) {
+  Tensor h = Tensor::host(t, std::move(s));
+  std::memset(h.data, 0xFF, h.nbytes());
+  return be.upload(h);
 }
 
 inline void fill_nan(Tensor& t) {

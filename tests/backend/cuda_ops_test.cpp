@@ -73,17 +73,9 @@ class CudaOps : public ::testing::Test {
   // The device copy of an f32 host tensor in dtype t.
   Tensor dev(const Tensor& f32, DType t = DType::bf16) { return gpu_->upload(t == DType::f32 ? f32 : as_bf16(f32)); }
   // A device tensor poisoned with NaN (bf16 0xFFFF / f32 NaN).
-  Tensor poisoned(DType t, Shape s) {
-    Tensor h = Tensor::host(t, s);
-    std::memset(h.data, 0xFF, h.nbytes());
-    return gpu_->upload(h);
-  }
+  Tensor poisoned(DType t, Shape s) { return cpu::test::poisoned(*gpu_, t, std::move(s)); }
   std::vector<float> back(const Tensor& d) { return to_floats(gpu_->to_host(d)); }
-  static Tensor ints(const std::vector<int32_t>& v) {
-    Tensor t = Tensor::host(DType::i32, {static_cast<int64_t>(v.size())});
-    std::copy(v.begin(), v.end(), t.ptr<int32_t>());
-    return t;
-  }
+  static Tensor ints(const std::vector<int32_t>& v) { return cpu::test::host_ints(v); }
 
   std::unique_ptr<Backend> gpu_, cpu_;
 };

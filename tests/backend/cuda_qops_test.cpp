@@ -85,16 +85,8 @@ class CudaQOps : public ::testing::Test {
     to_f32(b.data, b.dtype, f.ptr<float>(), b.numel());
     return f;
   }
-  Tensor poisoned(DType t, Shape s) {
-    Tensor h = Tensor::host(t, std::move(s));
-    std::memset(h.data, 0xFF, h.nbytes());
-    return gpu_->upload(h);
-  }
-  static Tensor ints(const std::vector<int32_t>& v) {
-    Tensor t = Tensor::host(DType::i32, {static_cast<int64_t>(v.size())});
-    std::copy(v.begin(), v.end(), t.ptr<int32_t>());
-    return t;
-  }
+  Tensor poisoned(DType t, Shape s) { return cpu::test::poisoned(*gpu_, t, std::move(s)); }
+  static Tensor ints(const std::vector<int32_t>& v) { return cpu::test::host_ints(v); }
 
   std::unique_ptr<Backend> gpu_, cpu_;
 };
