@@ -16,9 +16,17 @@ struct MoeWeights {
   bool norm_topk_prob = true;
 };
 
-// Loads PREFIX.gate (qwen3_moe: PREFIX = "...mlp.") or PREFIX.gate with experts.{e}.w1/w2/w3 (mixtral:
-// PREFIX = "...block_sparse_moe.").
+// Loads the router PREFIX.gate and the experts (qwen3_moe: PREFIX = "...mlp.", mixtral:
+// PREFIX = "...block_sparse_moe.") in either layout:
+//  - Hugging Face, one module per expert: PREFIX.experts.{e}.{gate,up,down}_proj (mixtral: w1/w3/w2);
+//  - mlx-lm's stacked SwitchGLU: PREFIX.switch_mlp.{gate,up,down}_proj.weight [n_experts, out, in],
+//    or quantized u32 [n_experts, out, in * bits / 32] + .scales/.biases [n_experts, out, in / group_size]
+//    (bits/group size per module path from config.json, as load_linear), split into per-expert
+//    zero-copy views.
 MoeWeights load_moe(const io::WeightSet& ws, const std::string& prefix, const ModelConfig& c);
+
+// Expert e of a stacked tensor t [n_experts, rows, cols] as a 2-D view [rows, cols] (no copy).
+Tensor expert_view(const Tensor& t, int64_t e);
 
 // out [n, dim] = sum over the chosen experts e of weight_e * expert_e(x); x [n, dim] normed input.
 void moe_block(backend::Backend& be, const MoeWeights& w, backend::Activation act, const Tensor& x, Tensor& out);

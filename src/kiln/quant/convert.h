@@ -2,6 +2,7 @@
 // its Linear/Embedding weights into MLX's affine layout (uniform or a mixed recipe) or dequantize a
 // quantized folder, and write DST: safetensors shards (<= 5 GiB each, plus the index), config.json
 // with the quantization section, and the tokenizer / generation / template files copied unchanged.
+// MoE experts are written in mlx-lm's stacked layout (`...switch_mlp.{gate,up,down}_proj`).
 #pragma once
 #include <functional>
 #include <optional>
@@ -22,7 +23,8 @@ struct ConvertOptions {
 };
 
 struct ConvertReport {
-  size_t n_quantized = 0, n_float = 0;  // weight matrices quantized / left in float
+  size_t n_quantized = 0, n_float = 0;  // weight matrices quantized / left in float (a stacked expert module counts once)
+  size_t n_stacked = 0;                 // per-expert MoE projections written as stacked switch_mlp modules
   double bits_per_weight = 0;           // bits of all tensors / parameters (mlx-lm's figure)
   uint64_t bytes_written = 0;
 };

@@ -1,4 +1,5 @@
-// The mixed-precision recipes, with mlx-lm's layer choice (convert.py's mixed_quant_predicate).
+// The mixed-precision recipes, with mlx-lm's layer choice (convert.py's mixed_quant_predicate),
+// and the per-model rules of mlx-lm's model classes (models/<type>.py `quant_predicate`).
 #include "kiln/quant/recipes.h"
 
 #include <fmt/format.h>
@@ -72,6 +73,19 @@ QuantParams recipe_params(const Recipe& r, const std::string& path, int layer_lo
   if ((is_v || path.find("down_proj") != std::string::npos) && use_more_bits) p.bits = r.high_bits;
   if (path.find("lm_head") != std::string::npos) p.bits = r.high_bits;
   return p;
+}
+
+std::optional<QuantParams> model_quant_rule(const std::string& model_type, const std::string& path) {
+  // qwen3_moe.py: `if path.endswith("mlp.gate"): return {"group_size": 64, "bits": 8}`: the router
+  // (a small [n_experts, dim] Linear whose errors move every token's expert choice). The dense
+  // MLP's gate_proj ("mlp.gate_proj") does not end with "mlp.gate".
+  if (model_type == "qwen3_moe" && path.ends_with("mlp.gate")) {
+    QuantParams p;
+    p.bits = 8;
+    p.group_size = 64;
+    return p;
+  }
+  return std::nullopt;
 }
 
 }  // namespace kiln::quant
