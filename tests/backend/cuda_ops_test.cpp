@@ -265,14 +265,15 @@ class CudaAttention : public CudaOps {
     static_cast<cuda::CudaBackend&>(*gpu_).set_attention_kernel(static_cast<cuda::AttnKernel>(k));
 #endif
   }
-  void check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs, bool shuffle);
+  void check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs, bool shuffle,
+             int n_kv_heads = 2);
 };
 
 void CudaAttention::check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs,
-                          bool shuffle) {
+                          bool shuffle, int n_kv_heads) {
   AttnParams p;
-  p.n_kv_heads = 2;
-  p.n_heads = 2 * gqa;
+  p.n_kv_heads = n_kv_heads;
+  p.n_heads = n_kv_heads * gqa;
   p.head_dim = hd;
   p.scale = 1.0f / std::sqrt(float(hd));
   p.softcap = softcap;
@@ -348,6 +349,197 @@ TEST_F(CudaAttention, LongContexts) {
   check(rng, many, 4, 128, 0, 0.0f, 16, false);
   check(rng, many, 8, 128, 256, 0.0f, 16, false);
 }
+
+TEST_F(CudaAttention, DecodeGroupsAndBatches) {
+  Rng rng("CudaAttention.Decode");
+  // The tiled decode kernel (head_dim 64/128/256) over GQA groups of 1..16: 7 and 12 are not powers
+  // of two (a block computes unused heads), 12 and 16 run in two chunks of heads. 4 kv heads: a
+  // batch of 1 makes 4 (token, kv head) blocks, so the split heuristic cuts its 200-token context
+  // into several splits (partials + combine); a batch of 128 makes 512 blocks, over two per SM on
+  // any current GPU, so one split writes the output directly. Short contexts of every tile fill.
+  std::vector<Seq> batch128;
+  for (int i = 0; i < 128; ++i) batch128.push_back({1 + (i * 37) % 61, 1});
+  for (int hd : {64, 128, 256})
+    for (int gqa : {1, 2, 4, 7, 8, 12, 16}) {
+      SCOPED_TRACE(fmt::format("head_dim={} gqa={}", hd, gqa));
+      check(rng, {{200, 1}}, gqa, hd, 0, 0.0f, 16, false, 4);
+      check(rng, batch128, gqa, hd, gqa == 7 ? 20 : 0, gqa == 8 ? 30.0f : 0.0f, 16, true, 4);
+    }
+  // Batch 1 deep into a long context with a window and softcap: splits start at pos - window + 1,
+  // the last one partly filled; blocks of 32 rows.
+  for (int hd : {128, 256}) {
+    SCOPED_TRACE(fmt::format("window, head_dim={}", hd));
+    check(rng, {{2500, 1}}, 7, hd, 700, 50.0f, 32, false, 4);
+  }
+}
+
+
+// ---- fused ops (cuda_fused_ops.cpp): each against the CPU's default (the separate ops), and
+// bit for bit against the separate CUDA ops it replaces (the fused kernels share their math).
+
+#ifdef KILN_HAVE_CUDA
+// The ops that ran on a profiling backend (KILN_CUDA_PROFILE=1 times every op by name), so a test
+// can tell the fused launch from a silent fallback to the separate ops.
+std::unique_ptr<Backend> profiling_backend() {
+  setenv("KILN_CUDA_PROFILE", "1", 1);
+  auto be = make_cuda_backend(0);
+  unsetenv("KILN_CUDA_PROFILE");
+  return be;
+}
+std::string profile_of(Backend& be) { return static_cast<cuda::CudaBackend&>(be).profile_report(); }
+#endif
+
+TEST_F(CudaOps, FusedAddRmsNorm) {
+  Rng rng("CudaOps.FusedAddRmsNorm");
+  for (DType wt : {DType::f32, DType::bf16})
+    for (DType xt : {DType::bf16, DType::f32})
+      for (bool one_plus : {false, true})
+        for (auto [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {5, 77}, {3, 4096}, {17, 16}, {9, 300}}) {
+          SCOPED_TRACE(fmt::format("w={} x={} one_plus={} rows={} dim={}", dtype_name(wt), dtype_name(xt), one_plus,
+                                   rows, dim));
+          Tensor w = rng.tensor(wt, {dim});
+          Tensor x = act(rng, {rows, dim}, 3.0f), delta = act(rng, {rows, dim}, 2.0f);
+          Tensor xd = dev(x, xt), dd = dev(delta, xt), xs = dev(x, xt), xa = dev(x, xt), da = dev(delta, xt);
+          Tensor ref = Tensor::host(DType::f32, {rows, dim});
+          cpu_->add_rms_norm(x, delta, w, 1e-6f, one_plus, ref);  // x becomes x + delta
+          Tensor y = poisoned(xt, {rows, dim});
+          gpu_->add_rms_norm(xd, dd, w, 1e-6f, one_plus, y);
+          expect_close(back(xd), to_floats(x), xt, "add_rms_norm x");
+          expect_close(back(y), to_floats(ref), xt, "add_rms_norm y");
+          // The separate CUDA ops: the same stored x and the norm of it, exactly.
+          Tensor ys = poisoned(xt, {rows, dim});
+          gpu_->add(xs, dd, xs);
+          gpu_->rms_norm(xs, w, 1e-6f, one_plus, ys);
+          EXPECT_EQ(back(xd), back(xs)) << "add_rms_norm x vs add";
+          EXPECT_EQ(back(y), back(ys)) << "add_rms_norm y vs add + rms_norm";
+          // y aliasing delta (the model passes the block output as delta and may reuse it).
+          gpu_->add_rms_norm(xa, da, w, 1e-6f, one_plus, da);
+          EXPECT_EQ(back(da), back(ys)) << "add_rms_norm with y = delta";
+          EXPECT_EQ(back(xa), back(xs)) << "add_rms_norm x with y = delta";
+        }
+}
+
+TEST_F(CudaOps, FusedRopeKvWrite) {
+  Rng rng("CudaOps.FusedRopeKvWrite");
+  struct Case {
+    int64_t n, heads, kv_heads, hd, half;
+    int max_pos;
+    float attn_factor;
+  };
+  // Decode (one token) and prefill-sized rows, GQA, head_dim 64/128, partial rotary (phi-style),
+  // long positions, yarn's attn factor.
+  for (const Case& c : std::vector<Case>{{1, 32, 8, 128, 64, 5000, 1.0f},
+                                         {7, 4, 2, 64, 32, 20, 1.0f},
+                                         {23, 12, 4, 128, 32, 131000, 1.25f},
+                                         {5, 6, 6, 64, 16, 900, 1.0f},
+                                         {3, 2, 1, 80, 40, 77, 1.0f}}) {
+    SCOPED_TRACE(fmt::format("n={} heads={} kv_heads={} hd={} half={}", c.n, c.heads, c.kv_heads, c.hd, c.half));
+    const int64_t width = c.kv_heads * c.hd, n_slots = c.n + 17;
+    Tensor inv = Tensor::host(DType::f32, {c.half});
+    for (int64_t i = 0; i < c.half; ++i) inv.ptr<float>()[i] = std::pow(500000.0f, -float(2 * i) / float(2 * c.half));
+    std::vector<int32_t> pos(c.n), slot(c.n), perm(n_slots);
+    for (auto& p : pos) p = static_cast<int32_t>(rng.uniform_int(0, c.max_pos));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng.gen());
+    for (int64_t t = 0; t < c.n; ++t) slot[t] = (t % 5 == 2) ? -1 : perm[t];  // -1: padding, not written
+    Tensor q = act(rng, {c.n, c.heads, c.hd}), k = act(rng, {c.n, c.kv_heads, c.hd}), v = act(rng, {c.n, width});
+    Tensor kc = act(rng, {n_slots, width}), vc = act(rng, {n_slots, width});
+    Tensor qd = dev(q), kd = dev(k), vd = dev(v), kcd = dev(kc), vcd = dev(vc);
+    Tensor qs = dev(q), ks = dev(k), kcs = dev(kc), vcs = dev(vc);
+    Tensor posd = gpu_->upload(ints(pos)), slotd = gpu_->upload(ints(slot)), invd = gpu_->upload(inv);
+    cpu_->rope_kv_write(q, k, v, ints(pos), inv, c.attn_factor, ints(slot), kc, vc);
+    gpu_->rope_kv_write(qd, kd, vd, posd, invd, c.attn_factor, slotd, kcd, vcd);
+    expect_close(back(qd), to_floats(q), DType::bf16, "rope_kv_write q");
+    expect_close(back(kd), to_floats(k), DType::bf16, "rope_kv_write k");
+    expect_close(back(kcd), to_floats(kc), DType::bf16, "rope_kv_write k_cache");
+    EXPECT_EQ(back(vcd), to_floats(vc)) << "v_cache: a copy, exact";
+    // The separate CUDA ops, bit for bit.
+    gpu_->rope(qs, posd, invd, c.attn_factor);
+    gpu_->rope(ks, posd, invd, c.attn_factor);
+    gpu_->kv_write(ks.view({c.n, width}), vd, slotd, kcs, vcs);
+    EXPECT_EQ(back(qd), back(qs)) << "q vs rope";
+    EXPECT_EQ(back(kd), back(ks)) << "k vs rope";
+    EXPECT_EQ(back(kcd), back(kcs)) << "k_cache vs rope + kv_write";
+    EXPECT_EQ(back(vcd), back(vcs)) << "v_cache vs kv_write";
+  }
+}
+
+TEST_F(CudaOps, FusedMatmulMulti) {
+  Rng rng("CudaOps.FusedMatmulMulti");
+  struct Case {
+    int64_t n, in;
+    std::vector<int64_t> outs;
+    DType wt;
+  };
+  // One token of bf16 (the one-launch path): q/k/v of an 8B layer, gate/up, odd row counts with a
+  // tail-only input, 4 matrices. Then the loop: several tokens, f32 weights, an input of in % 8 != 0.
+  const std::vector<Case> cases = {{1, 4096, {4096, 1024, 1024}, DType::bf16}, {1, 512, {1408, 1408}, DType::bf16},
+                                   {1, 136, {5, 77, 13}, DType::bf16},         {1, 8200, {7, 3, 9, 2}, DType::bf16},
+                                   {3, 256, {96, 33, 33}, DType::bf16},        {1, 256, {64, 31, 31}, DType::f32},
+                                   {1, 77, {12, 5, 5}, DType::bf16}};
+  for (const Case& c : cases)
+    for (DType yt : {DType::bf16, DType::f32}) {
+      SCOPED_TRACE(fmt::format("n={} in={} outs={} w={} y={}", c.n, c.in, c.outs.size(), dtype_name(c.wt),
+                               dtype_name(yt)));
+      const size_t m = c.outs.size();
+      std::vector<Weight> w(m);
+      for (size_t i = 0; i < m; ++i) {
+        w[i].w = rng.tensor(c.wt, {c.outs[i], c.in}, 1.0f / std::sqrt(float(c.in)));
+        if (i % 2 == 0) w[i].bias = rng.tensor(i == 0 ? DType::bf16 : DType::f32, {c.outs[i]}, 0.5f);  // biases of both dtypes
+      }
+      Tensor x = act(rng, {c.n, c.in});
+      Tensor xd = dev(x);
+      std::vector<Tensor> ref(m), y(m), ys(m);
+      std::vector<const Weight*> wp(m);
+      std::vector<Tensor*> rp(m), yp(m);
+      for (size_t i = 0; i < m; ++i) {
+        ref[i] = Tensor::host(DType::f32, {c.n, c.outs[i]});
+        y[i] = poisoned(yt, {c.n, c.outs[i]});
+        wp[i] = &w[i], rp[i] = &ref[i], yp[i] = &y[i];
+      }
+      cpu_->matmul_multi(x, wp, rp);
+      gpu_->matmul_multi(xd, wp, yp);
+      for (size_t i = 0; i < m; ++i) {
+        Tensor single = Tensor::host(DType::f32, {c.n, c.outs[i]});
+        cpu_->matmul(x, w[i], single);
+        EXPECT_EQ(to_floats(ref[i]), to_floats(single)) << "cpu default vs matmul, matrix " << i;
+        expect_close(back(y[i]), to_floats(ref[i]), yt, fmt::format("matmul_multi matrix {}", i));
+        ys[i] = poisoned(yt, {c.n, c.outs[i]});
+        gpu_->matmul(xd, w[i], ys[i]);
+        EXPECT_EQ(back(y[i]), back(ys[i])) << "vs the CUDA matmul, matrix " << i;
+      }
+    }
+}
+
+#ifdef KILN_HAVE_CUDA
+// Each fused op really is one fused launch (not the default's separate ops) on decode shapes.
+TEST_F(CudaOps, FusedOpsLaunchFused) {
+  Rng rng("CudaOps.FusedOpsLaunchFused");
+  auto be = profiling_backend();
+  const int64_t in = 256, hd = 64;
+  std::vector<Weight> w(3);
+  for (int i = 0; i < 3; ++i) w[i].w = rng.tensor(DType::bf16, {i == 0 ? 256 : 64, in}, 0.1f);
+  Tensor x = be->upload(as_bf16(act(rng, {1, in})));
+  Tensor q = be->alloc(DType::bf16, {1, 256}), k = be->alloc(DType::bf16, {1, 64}), v = be->alloc(DType::bf16, {1, 64});
+  std::vector<const Weight*> wp = {&w[0], &w[1], &w[2]};
+  std::vector<Tensor*> yp = {&q, &k, &v};
+  be->matmul_multi(x, wp, yp);
+  Tensor inv = Tensor::host(DType::f32, {hd / 2});
+  for (int64_t i = 0; i < hd / 2; ++i) inv.ptr<float>()[i] = std::pow(10000.0f, -float(2 * i) / float(hd));
+  Tensor kc = be->upload(as_bf16(act(rng, {4, 64}))), vc = be->upload(as_bf16(act(rng, {4, 64})));
+  Tensor q3 = q.view({1, 4, hd}), k3 = k.view({1, 1, hd});
+  be->rope_kv_write(q3, k3, v, be->upload(ints({3})), be->upload(inv), 1.0f, be->upload(ints({2})), kc, vc);
+  Tensor nw = rng.tensor(DType::bf16, {256}), h = be->alloc(DType::bf16, {1, 256});
+  Tensor r = be->upload(as_bf16(act(rng, {1, 256})));
+  be->add_rms_norm(r, q, nw, 1e-5f, false, h);
+  be->to_host(h);  // flushes the profile
+  const std::string prof = profile_of(*be);
+  for (const char* op : {"matmul_multi (gemv)", "rope_kv_write", "add_rms_norm"})
+    EXPECT_NE(prof.find(op), std::string::npos) << op << " missing from\n" << prof;
+  for (const char* op : {"matmul (gemv)", "rope ", "kv_write ", "rms_norm ", "add "})
+    EXPECT_EQ(prof.find(std::string("\n") + op), std::string::npos) << op << " ran separately:\n" << prof;
+}
+#endif
 
 }  // namespace
 }  // namespace kiln::backend

@@ -6,16 +6,18 @@
 // printed; KILN_TEST_SEED=<n> replays it); outputs are poisoned with NaN first.
 // Tolerances on ‖gpu − cpu‖₂ / ‖cpu‖₂ and max |gpu − cpu| / max |cpu|:
 //   bf16 outputs: 1e-2 and 2^-6 (bf16 rounding of the result; of the weights on the GEMM path);
-//   f32 outputs of one token (a GEMV at every width): 1e-4 and 1e-4 (exact weights, f32 sums in
-//   another order); f32 outputs of more tokens: 1e-2 and 2^-6 (the dequantize + cuBLASLt path
-//   rounds the weights to bf16).
+//   f32 outputs of one token through the CUDA-core GEMV (widths other than 4): 1e-4 and 1e-4 (exact
+//   weights, f32 sums in another order); other f32 outputs: 1e-2 and 2^-6 (the 4-bit tensor-core GEMV
+//   and the dequantize + cuBLASLt path round the dequantized weights to bf16).
 // 4-bit weights take the tensor-core GEMV for up to 16 tokens; KILN_CUDA_QGEMV=ffma runs the
 // CUDA-core kernel instead (the device script runs this test both ways).
 // Reports SKIPPED where no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cpu_test_util.h"
 
@@ -40,6 +42,12 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& ref, 
   ASSERT_GT(den, 0) << what << ": the reference is all zeros";
   EXPECT_LE(std::sqrt(num / den), tol_l2) << what << " rel-L2";
   EXPECT_LE(max_err / max_ref, tol_max) << what << " max error / max |ref|";
+}
+
+// Whether 4-bit weights take the tensor-core GEMV (the default; KILN_CUDA_QGEMV=ffma turns it off).
+bool QGemvOnTensorCores() {
+  const char* e = std::getenv("KILN_CUDA_QGEMV");
+  return !(e && std::string(e) == "ffma");
 }
 
 class CudaQOps : public ::testing::Test {
@@ -119,7 +127,8 @@ TEST_F(CudaQOps, MatmulEveryWidthAndGroupSize) {
         cpu_->matmul(x, w, ref);
         Tensor y = poisoned(yt, {c.n, c.out});
         gpu_->matmul(gpu_->upload(convert(x, DType::bf16)), w, y);
-        const bool exact_w = yt == DType::f32 && c.n == 1;  // a GEMV for every width (else maybe bf16 tiles)
+        // f32 from the CUDA-core GEMV (exact weights); else bf16-rounded weights
+        const bool exact_w = yt == DType::f32 && c.n == 1 && !(bits == 4 && QGemvOnTensorCores());
         expect_close(to_floats(gpu_->to_host(y)), to_floats(ref), exact_w ? 1e-4 : 1e-2, exact_w ? 1e-4 : 1.0 / 64,
                      "quantized matmul");
       }
@@ -140,9 +149,10 @@ TEST_F(CudaQOps, MatmulLargeShapes) {
                                    {1, 512, 3001, 5, 32, false},   {3, 640, 2049, 6, 64, true},
                                    {6, 1024, 4100, 8, 128, true},  {1, 4096, 4097, 2, 64, false},
                                    {40, 4096, 16500, 4, 64, true},
-                                   // KILN_CUDA_QGEMV=fast (batch-1 4-bit kernel): several rounds of 16
-                                   // units per warp with a partial last one; 130 units (uneven K split).
-                                   {1, 14336, 1000, 4, 64, true},  {1, 4160, 33, 4, 32, false}};
+                                   // 4-bit tensor-core GEMV: several rounds of 4 super-units per warp with a
+                                   // partial last one; 130 units (a partial last super-unit, uneven K split).
+                                   {1, 14336, 1000, 4, 64, true},  {1, 4160, 33, 4, 32, false},
+                                   {16, 4160, 300, 4, 32, true}};
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("n={} in={} out={} bits={} gs={}", c.n, c.in, c.out, c.bits, c.gs));
     Weight w = random_qweight(rng, c.out, c.in, c.bits, c.gs, DType::bf16);
@@ -154,6 +164,39 @@ TEST_F(CudaQOps, MatmulLargeShapes) {
     gpu_->matmul(gpu_->upload(x), w, y);  // x in f32: the backend converts it to bf16
     expect_close(to_floats(gpu_->to_host(y)), to_floats(ref), 1e-2, 1.0 / 64, "quantized matmul");
   }
+}
+
+// matmul_multi over 4-bit weights (q/k/v-, gate/up-like: one launch of the tensor-core GEMV for all
+// matrices): each output against the CPU, and bit-equal to that weight's own matmul on CUDA.
+TEST_F(CudaQOps, MatmulMultiFourBit) {
+  Rng rng("CudaQOps.MatmulMulti");
+  for (int64_t n : {1, 5, 16})
+    for (int gs : {32, 64, 128}) {
+      SCOPED_TRACE(fmt::format("n={} gs={}", n, gs));
+      const int64_t in = 640;
+      const int64_t outs[3] = {520, 136, 9};
+      Weight w[3];
+      for (int i = 0; i < 3; ++i) {
+        w[i] = random_qweight(rng, outs[i], in, 4, gs, i == 2 ? DType::f16 : DType::bf16);
+        if (i != 1) w[i].bias = rng.tensor(DType::bf16, {outs[i]}, 0.5f);
+      }
+      Tensor x = act(rng, {n, in});
+      Tensor xd = gpu_->upload(convert(x, DType::bf16));
+      Tensor y[3] = {poisoned(DType::bf16, {n, outs[0]}), poisoned(DType::bf16, {n, outs[1]}),
+                     poisoned(DType::f32, {n, outs[2]})};
+      const Weight* ws[3] = {&w[0], &w[1], &w[2]};
+      Tensor* ys[3] = {&y[0], &y[1], &y[2]};
+      gpu_->matmul_multi(xd, ws, ys);
+      for (int i = 0; i < 3; ++i) {
+        Tensor ref = Tensor::host(DType::f32, {n, outs[i]});
+        cpu_->matmul(x, w[i], ref);
+        const std::vector<float> got = to_floats(gpu_->to_host(y[i]));
+        expect_close(got, to_floats(ref), 1e-2, 1.0 / 64, fmt::format("matrix {}", i));
+        Tensor solo = poisoned(y[i].dtype, y[i].shape);
+        gpu_->matmul(xd, w[i], solo);
+        EXPECT_EQ(got, to_floats(gpu_->to_host(solo))) << "matrix " << i << ": multi differs from its own matmul";
+      }
+    }
 }
 
 TEST_F(CudaQOps, EmbeddingEveryWidth) {

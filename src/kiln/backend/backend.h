@@ -3,6 +3,7 @@
 // throws by name. All activation tensors are row-major; shapes are given per argument.
 #pragma once
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,23 @@ class Backend {
   // dst[rows[i]] += weights[i] * src[i] for i in order (rows may repeat): src [m, d] act dtype,
   // rows i32 [m], weights f32 [m], dst [n, d]. Combines MoE expert outputs.
   virtual void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) = 0;
+
+  // ---- fused ops: one launch where a decode step had several. Each has a default made of the ops
+  // above (backend_defaults.cpp), which is the reference semantics (the CPU backend inherits it);
+  // a backend overrides one only with a result equal to that sequence (CUDA: fused kernels).
+  // x = x + delta (rounded to x's dtype), then y = rms_norm(x) of the stored x: the residual add
+  // followed by the next block's norm. x, delta, y [rows, dim] (y may alias delta; w [dim]).
+  virtual void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, bool one_plus_w, Tensor& y);
+  // rope(q), rope(k) (q [n_tokens, n_heads, head_dim], k [n_tokens, n_kv_heads, head_dim], both in
+  // place, as rope()), then kv_write(k, v, slots, k_cache, v_cache) of the rotated k (v [n_tokens,
+  // n_kv_heads * head_dim]).
+  virtual void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
+                             float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache);
+  // y[i] = x · w[i]ᵀ (+ bias[i]) for up to kMaxMultiMatmul weights sharing the input x [n, in]
+  // (q/k/v, gate/up); y[i] [n, out_i]; w.size() == y.size(). Same result as matmul() per pair.
+  static constexpr size_t kMaxMultiMatmul = 4;
+  virtual void matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y);
+
   // ids[i] = argmax_j x[i, j] (first on ties): x [rows, n] f32 or act dtype, ids i32 [rows].
   // Greedy sampling on the device, so only the ids leave it.
   virtual void argmax_rows(const Tensor& x, Tensor& ids);

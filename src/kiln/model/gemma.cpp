@@ -83,20 +83,22 @@ class Gemma final : public Model {
     ao.norm_one_plus = true;
     ao.norm_eps = c.rms_norm_eps;
     const float eps = static_cast<float>(c.rms_norm_eps);
+    // Residual adds fused with the norm after them (add_rms_norm), as in llama.cpp: a layer's MLP
+    // output y is added at the next layer's attention norm, the last one at the final norm.
     for (const GemmaLayer& L : layers_) {
       ao.window = L.window;
       ao.inv_freq = ropes[L.rope].inv_freq;
       ao.rope_attn_factor = ropes[L.rope].attn_factor;
-      be.rms_norm(x, L.attn_norm, eps, true, h);
+      if (&L == layers_.data()) be.rms_norm(x, L.attn_norm, eps, true, h);
+      else be.add_rms_norm(x, y, L.attn_norm, eps, true, h);  // x += previous MLP output
       attention_block(be, c, L.attn, ao, h, in, cache.k[&L - layers_.data()], cache.v[&L - layers_.data()], cache.block_size, y);
       if (!L.post_attn_norm.empty()) be.rms_norm(y, L.post_attn_norm, eps, true, y);
-      be.add(x, y, x);
-      be.rms_norm(x, L.mlp_norm, eps, true, h);
+      be.add_rms_norm(x, y, L.mlp_norm, eps, true, h);  // x += attention output
       mlp_block(be, L.mlp, act_, h, y);
       if (!L.post_mlp_norm.empty()) be.rms_norm(y, L.post_mlp_norm, eps, true, y);
-      be.add(x, y, x);
     }
-    return output_logits(be, x, in, final_norm_, eps, true, head_, final_softcap_, batch, graphed);
+    return output_logits(be, x, in, final_norm_, eps, true, head_, final_softcap_, batch, graphed,
+                         layers_.empty() ? nullptr : &y);
   }
 
  private:

@@ -117,18 +117,16 @@ void attention_block(backend::Backend& be, const ModelConfig& c, const Attention
   Tensor q = be.alloc(t, {n, c.n_heads * hd});      // [n, n_heads * head_dim]
   Tensor k = be.alloc(t, {n, c.n_kv_heads * hd});   // [n, n_kv_heads * head_dim]
   Tensor v = be.alloc(t, {n, c.n_kv_heads * hd});
-  be.matmul(x, w.q, q);
-  be.matmul(x, w.k, k);
-  be.matmul(x, w.v, v);
+  const Weight* qkv_w[] = {&w.q, &w.k, &w.v};
+  Tensor* qkv_y[] = {&q, &k, &v};
+  be.matmul_multi(x, qkv_w, qkv_y);  // one launch for batch-1 bf16 on CUDA
   if (!w.q_norm.empty()) {  // per-head RMSNorm over head_dim (qwen3, gemma3)
     Tensor qh = q.view({n * c.n_heads, hd}), kh = k.view({n * c.n_kv_heads, hd});
     be.rms_norm(qh, w.q_norm, static_cast<float>(o.norm_eps), o.norm_one_plus, qh);
     be.rms_norm(kh, w.k_norm, static_cast<float>(o.norm_eps), o.norm_one_plus, kh);
   }
   Tensor q3 = q.view({n, c.n_heads, hd}), k3 = k.view({n, c.n_kv_heads, hd});
-  be.rope(q3, in.positions, o.inv_freq, o.rope_attn_factor);
-  be.rope(k3, in.positions, o.inv_freq, o.rope_attn_factor);
-  be.kv_write(k, v, in.slots, k_cache, v_cache);
+  be.rope_kv_write(q3, k3, v, in.positions, o.inv_freq, o.rope_attn_factor, in.slots, k_cache, v_cache);
 
   backend::AttnParams p;
   p.n_heads = c.n_heads;
@@ -148,8 +146,9 @@ void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation ac
   const int64_t n = x.dim(0), ffn = w.gate.out_features();
   Tensor gate = be.alloc(be.act_dtype(), {n, ffn});  // [n, ffn]
   Tensor up = be.alloc(be.act_dtype(), {n, ffn});
-  be.matmul(x, w.gate, gate);
-  be.matmul(x, w.up, up);
+  const Weight* gu_w[] = {&w.gate, &w.up};
+  Tensor* gu_y[] = {&gate, &up};
+  be.matmul_multi(x, gu_w, gu_y);
   be.gated_act(gate, up, act, gate);
   be.matmul(gate, w.down, out);
 }
@@ -220,11 +219,20 @@ MlpWeights load_mlp(const io::WeightSet& ws, const std::string& p, const ModelCo
   return m;
 }
 
-Tensor output_logits(backend::Backend& be, const Tensor& x, const StepInputs& in, const Tensor& final_norm, float eps,
-                     bool one_plus_w, const backend::Weight& head, float softcap, const Batch& b, bool graphed) {
+Tensor output_logits(backend::Backend& be, Tensor& x, const StepInputs& in, const Tensor& final_norm, float eps,
+                     bool one_plus_w, const backend::Weight& head, float softcap, const Batch& b, bool graphed,
+                     const Tensor* pending) {
   Tensor last = be.alloc(be.act_dtype(), {in.n_out, x.dim(1)});  // [n_out, dim]
-  be.gather_rows(x, in.logit_rows, last);
-  be.rms_norm(last, final_norm, eps, one_plus_w, last);
+  if (pending) {
+    // x += pending and the norm in one op over all rows; the norm is per row, so gathering the
+    // normed rows equals norming the gathered ones (the extra rows cost a prefill little).
+    Tensor normed = be.alloc(be.act_dtype(), {x.dim(0), x.dim(1)});  // [n_tokens, dim]
+    be.add_rms_norm(x, *pending, final_norm, eps, one_plus_w, normed);
+    be.gather_rows(normed, in.logit_rows, last);
+  } else {
+    be.gather_rows(x, in.logit_rows, last);
+    be.rms_norm(last, final_norm, eps, one_plus_w, last);
+  }
   Tensor logits = be.alloc(DType::f32, {in.n_out, head.out_features()});  // [n_out, vocab] f32 on every backend
   be.matmul(last, head, logits);
   if (softcap > 0) be.softcap(logits, softcap);

@@ -38,8 +38,11 @@ Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, b
 // The output head shared by the families: only the rows that need logits (in.logit_rows) of the
 // residual stream x [n_tokens, dim] go through the final norm ((1 + w) when one_plus_w) and the
 // head into f32 logits [n_out, vocab], softcapped when softcap > 0; then finish_step().
-Tensor output_logits(backend::Backend& be, const Tensor& x, const StepInputs& in, const Tensor& final_norm, float eps,
-                     bool one_plus_w, const backend::Weight& head, float softcap, const Batch& b, bool graphed);
+// `pending` (optional, [n_tokens, dim]): the last block's output, not yet added to x; the add is
+// done here, fused with the final norm (add_rms_norm over every row, then the gather).
+Tensor output_logits(backend::Backend& be, Tensor& x, const StepInputs& in, const Tensor& final_norm, float eps,
+                     bool one_plus_w, const backend::Weight& head, float softcap, const Batch& b, bool graphed,
+                     const Tensor* pending = nullptr);
 
 struct AttentionWeights {
   backend::Weight q, k, v, o;
@@ -57,6 +60,7 @@ struct AttentionOptions {
 };
 
 // out [n_tokens, dim] = o_proj(attention(rope(q), rope(k), v)) for layer `layer`; x is the normed input.
+// q/k/v come from one matmul_multi; rope and the KV write are one rope_kv_write (after the q/k norms).
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,
                      const Tensor& x, const StepInputs& in, Tensor& k_cache, Tensor& v_cache, int block_size, Tensor& out);
 
@@ -70,7 +74,7 @@ struct MlpWeights {
 // gate/up/down at PREFIX (gate_proj/up_proj/down_proj, or phi3's fused gate_up_proj), or with
 // Mixtral's names (w1 = gate, w3 = up, w2 = down).
 MlpWeights load_mlp(const io::WeightSet& ws, const std::string& prefix, const ModelConfig& c);
-// out [n_tokens, dim] = down(act(gate(x)) * up(x)).
+// out [n_tokens, dim] = down(act(gate(x)) * up(x)); gate and up from one matmul_multi.
 void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation act, const Tensor& x, Tensor& out);
 
 // Rounds v to the precision of the checkpoint dtype ("bfloat16"/"float16"), as transformers does

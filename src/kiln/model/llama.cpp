@@ -3,6 +3,7 @@
 // phi3 (fused qkv_proj and gate_up_proj, split into zero-copy row views at load), and the MoE
 // variants qwen3_moe and mixtral (a sparse MoE block in place of the MLP; see moe.h).
 //   x = embed(tokens); per layer: x += attn(norm(x)); x += mlp(norm(x)); logits = head(norm(x)).
+// (Each add runs fused with the norm after it: Backend::add_rms_norm.)
 #include <fmt/format.h>
 
 #include <optional>
@@ -70,18 +71,20 @@ class Llama final : public Model {
     ao.inv_freq = rope.inv_freq;
     ao.rope_attn_factor = rope.attn_factor;
     const float eps = static_cast<float>(c.rms_norm_eps);
+    // Each residual add is fused with the norm that follows it (add_rms_norm): the MLP output y of
+    // layer l is added at layer l + 1's attention norm, the last one at the final norm.
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LlamaLayer& L = layers_[l];
       ao.window = L.window;
-      be.rms_norm(x, L.attn_norm, eps, false, h);
+      if (l == 0) be.rms_norm(x, L.attn_norm, eps, false, h);
+      else be.add_rms_norm(x, y, L.attn_norm, eps, false, h);  // x += previous MLP output
       attention_block(be, c, L.attn, ao, h, in, cache.k[l], cache.v[l], cache.block_size, y);
-      be.add(x, y, x);
-      be.rms_norm(x, L.mlp_norm, eps, false, h);
+      be.add_rms_norm(x, y, L.mlp_norm, eps, false, h);  // x += attention output
       if (L.moe) moe_block(be, *L.moe, act_, h, y);
       else mlp_block(be, L.mlp, act_, h, y);
-      be.add(x, y, x);
     }
-    return output_logits(be, x, in, final_norm_, eps, false, head_, 0.0f, batch, graphed);
+    return output_logits(be, x, in, final_norm_, eps, false, head_, 0.0f, batch, graphed,
+                         layers_.empty() ? nullptr : &y);
   }
 
  private:

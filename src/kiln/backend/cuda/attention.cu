@@ -1,8 +1,10 @@
 // Paged attention kernels (semantics: Backend::attention in backend.h).
-// decode: grid (token, kv head, split). A block scores its split's keys for every query head of
-//   the GQA group (K/V rows read once per group), softmaxes them locally and writes either the
-//   output (one split) or (m, l, acc[head_dim]) partials that a combine kernel merges: split-K
-//   flash decoding, so a long context or a batch of one still fills the GPU.
+// decode: split-K flash decoding, grid (token, kv head, split), so a long context or a batch of
+//   one still fills the GPU; a block writes the output (one split) or (m, l, acc[head_dim])
+//   partials that attn_combine_kernel merges. K/V rows are read once per GQA group. The tiled
+//   kernel (head_dim 64/128/256) is bandwidth-bound: 32-key tiles per warp, lane-per-key scores
+//   with 16-byte loads, online softmax, lane-per-dims P·V. Other head dims (the tiny test
+//   models) take the generic kernel: a warp per key, scores kept in shared memory.
 // prefill: grid (64-token tile, head). FA2-style: each of 4 warps owns 16 query rows, Q in
 //   registers, K and Vᵀ tiles of 64 keys in shared memory, S = QKᵀ and O += PV on mma.sync
 //   m16n8k16 bf16 tensor cores with an online softmax in f32. A tile whose rows belong to several
@@ -17,8 +19,11 @@ namespace kiln::backend::cuda {
 namespace {
 
 constexpr int kDecodeThreads = 128;
-constexpr int kMaxGroup = 16;    // n_heads / n_kv_heads handled by one decode block
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kMaxGroup = 16;    // n_heads / n_kv_heads handled by one generic decode block
 constexpr int kMaxHeadDim = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ int64_t cache_row(const AttnArgs& a, int seq, int64_t j) {
   const int32_t blk = a.block_tables[int64_t{seq} * a.max_blocks + j / a.block_size];
@@ -27,29 +32,250 @@ __device__ __forceinline__ int64_t cache_row(const AttnArgs& a, int seq, int64_t
 
 __device__ __forceinline__ float cap_score(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
 
+// The key range [j0, j1] of one (token, split): keys lo..pos are visible (lo > 0 with a window).
+struct SplitRange {
+  int seq;
+  int64_t j0;
+  int nk;  // keys in the split; 0: an empty split (the context is shorter than the grid allows for)
+};
+__device__ __forceinline__ SplitRange split_range(const AttnArgs& a, int t, int split, int kps) {
+  const int64_t pos = a.token_pos[t];
+  const int64_t lo = a.window > 0 ? max(int64_t{0}, pos - a.window + 1) : 0;
+  const int64_t j0 = lo + int64_t{split} * kps;
+  const int64_t j1 = min(pos, j0 + kps - 1);  // inclusive
+  return {a.token_seq[t], j0, j0 <= j1 ? static_cast<int>(j1 - j0 + 1) : 0};
+}
+
+// (m, l, acc[hd]) partial of (token t, head h, split): the layout attn_combine_kernel reads; m in
+// natural-log units, acc and l relative to e^m.
+__device__ __forceinline__ float* partial_of(const AttnArgs& a, float* partials, int n_splits, int t, int h, int split) {
+  return partials + ((int64_t{t} * a.n_heads + h) * n_splits + split) * (a.head_dim + 2);
+}
+
+// ---- decode, tiled (head_dim 64/128/256): bandwidth-bound split-K flash decoding.
+// grid (token, kv head x head chunk, split), 4 warps. A block owns query heads h0 + [0, ng) of one
+// kv head (the whole GQA group, or a chunk of it when the group exceeds 8) and keys j0 + [0, nk).
+// Warp w takes the 32-key tiles w, w+4, ...; per tile:
+//   scores: lane i scores key i with its whole K row in flight (16-byte loads, <= 128 dims a round),
+//           against q [G][HD] f32 in shared memory (same address for all lanes: broadcast reads);
+//   softmax: per head one warp max per tile (log2 units), running (m, l, acc) per warp; l is kept
+//           per lane and summed over the warp once at the end;
+//   P·V:     all lanes take the same key, lane owns dims [lane*DPL, lane*DPL+DPL) (one vector load
+//           per V row, a warp reads the row coalesced), p read from shared memory 4 keys at a time,
+//           U V rows in flight.
+// The warps' partials merge through shared memory; the block writes out (one split) or partials.
+
+// Unpacks N bf16 values packed in 32-bit words (element 0 in the low half: little endian).
+template <int N, typename V>
+__device__ __forceinline__ void unpack_bf16(const V& v, float (&f)[N]) {
+  static_assert(sizeof(V) == N * sizeof(uint16_t) && N % 2 == 0);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// One lane's DPL dims of a V row as one load: 4, 8 or 16 bytes.
+template <int DPL> struct BfVec;
+template <> struct BfVec<2> { using T = uint32_t; };
+template <> struct BfVec<4> { using T = uint2; };
+template <> struct BfVec<8> { using T = uint4; };
+
+constexpr int kTile = 32;          // keys per warp tile: lane i scores key i
+constexpr int kTiledMaxGroup = 8;  // heads per tiled block; larger groups run in chunks (K/V re-read from L2)
+
+template <int HD, int G>
+__global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnArgs a, int n_splits, int kps,
+                                                                          float* partials) {
+  constexpr int DPL = HD / 32;                 // V dims per lane
+  constexpr int KCH = HD < 128 ? HD : 128;     // K dims per lane per load round
+  constexpr int KV16 = KCH / 8;                // 16-byte K loads in flight per lane (<= 16: 64 registers)
+  constexpr int U = HD <= 128 ? 16 : 8;        // V rows in flight per warp (a multiple of 4 dividing 32)
+  // Shared memory, in floats. Tile loop: q_s [G][HD] (q * scale; rows >= ng zero), p_s [warps][G][32].
+  // Merge (after a barrier, reusing it): acc_s [warps][G][HD], m_s [warps][G], l_s [warps][G].
+  constexpr int kLoopFloats = G * HD + kDecodeWarps * G * kTile;
+  constexpr int kMergeFloats = kDecodeWarps * G * (HD + 2);
+  __shared__ __align__(16) float smem[kLoopFloats > kMergeFloats ? kLoopFloats : kMergeFloats];
+  using VT = typename BfVec<DPL>::T;
+
+  const int t = blockIdx.x, split = blockIdx.z;
+  const int group = a.n_heads / a.n_kv_heads, n_chunks = gridDim.y / a.n_kv_heads;
+  const int hpc = (group + n_chunks - 1) / n_chunks;  // heads per chunk (the host's choice, <= G)
+  const int kvh = blockIdx.y / n_chunks, g0 = (blockIdx.y % n_chunks) * hpc;
+  const int ng = min(hpc, group - g0);  // this block's heads: h0 + [0, ng)
+  if (ng <= 0) return;                  // not reached for groups <= 16 (a chunk is never empty)
+  const int h0 = kvh * group + g0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t q_width = int64_t{a.n_heads} * HD;
+  const SplitRange r = split_range(a, t, split, kps);
+
+  if (r.nk == 0) {  // empty split: a partial the combine kernel skips (one split is never empty)
+    if (n_splits > 1)
+      for (int g = threadIdx.x; g < ng; g += kDecodeThreads) {
+        float* pp = partial_of(a, partials, n_splits, t, h0 + g, split);
+        pp[0] = -INFINITY;
+        pp[1] = 0.0f;
+      }
+    return;
+  }
+
+  float* q_s = smem;
+  float* p_w = smem + G * HD + warp * G * kTile;  // this warp's p [G][32]
+  const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q) + int64_t{t} * q_width + int64_t{h0} * HD;
+  for (int i = threadIdx.x; i < G * HD; i += kDecodeThreads) q_s[i] = i < ng * HD ? __bfloat162float(q[i]) * a.scale : 0.0f;
+  __syncthreads();
+
+  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache);
+  const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache);
+  const int64_t kv_width = int64_t{a.n_kv_heads} * HD, head_off = int64_t{kvh} * HD;
+  const int32_t* table = a.block_tables + int64_t{r.seq} * a.max_blocks;
+  // Rows g >= ng of q_s are zero, so those heads compute harmless finite values that are never written.
+  float m[G], l[G], acc[G][DPL];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
+  }
+
+  for (int tile = warp; tile * kTile < r.nk; tile += kDecodeWarps) {
+    const int n_in = min(kTile, r.nk - tile * kTile);  // keys in this tile (warp-uniform, >= 1)
+    const bool valid = lane < n_in;
+    // slot: the cache row (block * block_size + offset) of this lane's key j.
+    int32_t slot = 0;
+    if (valid) {
+      const int64_t j = r.j0 + tile * kTile + lane;
+      slot = table[j / a.block_size] * a.block_size + static_cast<int32_t>(j % a.block_size);
+    }
+
+    // Scores s[g] = (q_g * scale) · K[j]: KV16 16-byte loads issued before any is used.
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.0f;
+    const uint4* krow = reinterpret_cast<const uint4*>(kc + int64_t{slot} * kv_width + head_off);
+#pragma unroll
+    for (int c = 0; c < HD / KCH; ++c) {
+      uint4 kr[KV16];
+#pragma unroll
+      for (int i = 0; i < KV16; ++i) kr[i] = valid ? __ldg(krow + c * KV16 + i) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int i = 0; i < KV16; ++i) {
+        float kf[8];
+        unpack_bf16<8>(kr[i], kf);
+        const float4* q4 = reinterpret_cast<const float4*>(q_s + c * KCH + i * 8);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float4 qa = q4[g * (HD / 4)], qb = q4[g * (HD / 4) + 1];
+          s[g] = fmaf(kf[0], qa.x, fmaf(kf[1], qa.y, fmaf(kf[2], qa.z, fmaf(kf[3], qa.w, s[g]))));
+          s[g] = fmaf(kf[4], qb.x, fmaf(kf[5], qb.y, fmaf(kf[6], qb.z, fmaf(kf[7], qb.w, s[g]))));
+        }
+      }
+    }
+
+    // Online softmax over the tile in log2 units (s2 = softcap(s) * log2 e; invalid keys -inf).
+    // m_new is finite: lane 0's key is valid and its score finite.
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float s2 = valid ? cap_score(s[g], a.softcap) * kLog2e : -INFINITY;
+      const float m_new = fmaxf(m[g], warp_max(s2));
+      const float alpha = exp2f(m[g] - m_new);  // 0 on the warp's first tile (m = -inf)
+      const float p = exp2f(s2 - m_new);        // 0 for invalid keys
+      m[g] = m_new;
+      l[g] = fmaf(l[g], alpha, p);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[g][i] *= alpha;
+      p_w[g * kTile + lane] = p;
+    }
+    __syncwarp();
+
+    // acc[g][lane dims] += Σ_k p[g][k] V[k][lane dims]. Key k's slot comes from lane k by shuffle;
+    // V rows past n_in are not read (zero), and their p is 0.
+    for (int k0 = 0; k0 < n_in; k0 += U) {
+      VT vr[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int32_t sl = __shfl_sync(0xffffffffu, slot, k0 + u);
+        vr[u] = k0 + u < n_in ? __ldg(reinterpret_cast<const VT*>(vc + int64_t{sl} * kv_width + head_off) + lane) : VT{};
+      }
+#pragma unroll
+      for (int u = 0; u < U; u += 4) {
+        float vf[4][DPL];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) unpack_bf16<DPL>(vr[u + e], vf[e]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float4 p4 = *reinterpret_cast<const float4*>(p_w + g * kTile + k0 + u);
+#pragma unroll
+          for (int i = 0; i < DPL; ++i)
+            acc[g][i] = fmaf(p4.x, vf[0][i], fmaf(p4.y, vf[1][i], fmaf(p4.z, vf[2][i], fmaf(p4.w, vf[3][i], acc[g][i]))));
+        }
+      }
+    }
+    __syncwarp();  // p_w is rewritten by the next tile
+  }
+
+  // Merge the warps: M = max_w m_w, L = Σ_w l_w 2^(m_w - M), o[d] = Σ_w acc_w[d] 2^(m_w - M).
+#pragma unroll
+  for (int g = 0; g < G; ++g) l[g] = warp_sum(l[g]);
+  __syncthreads();  // every warp is done with q_s / p_s, which the merge buffers reuse
+  float* acc_s = smem;
+  float* m_s = smem + kDecodeWarps * G * HD;
+  float* l_s = m_s + kDecodeWarps * G;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc_s[(warp * G + g) * HD + lane * DPL + i] = acc[g][i];
+    if (lane == 0) m_s[warp * G + g] = m[g], l_s[warp * G + g] = l[g];
+  }
+  __syncthreads();
+  for (int item = threadIdx.x; item < ng * HD; item += kDecodeThreads) {
+    const int g = item / HD, d = item % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w * G + g]);  // finite: warp 0 had a tile
+    float L = 0.0f, o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float mw = m_s[w * G + g];
+      if (mw == -INFINITY) continue;  // a warp without tiles
+      const float wt = exp2f(mw - M);
+      L = fmaf(l_s[w * G + g], wt, L);
+      o = fmaf(acc_s[(w * G + g) * HD + d], wt, o);
+    }
+    const int h = h0 + g;
+    if (n_splits == 1) {
+      static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h} * HD + d] = __float2bfloat16_rn(o / L);
+    } else {
+      float* pp = partial_of(a, partials, n_splits, t, h, split);
+      if (d == 0) pp[0] = M * kLn2, pp[1] = L;
+      pp[2 + d] = o;
+    }
+  }
+}
+
+// ---- decode, generic (any head_dim <= 256, e.g. the tiny test models' 8/16/32): a warp per key.
 // Dynamic shared memory: q_s [group][hd] f32, p_s [group][kps] f32, row_s [kps] int64.
 __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a, int n_splits, int kps, float* partials) {
   extern __shared__ float smem[];
   const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = kDecodeThreads / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = kDecodeWarps;
   float* q_s = smem;
   float* p_s = q_s + group * hd;
   const int row_off = group * hd + group * kps;  // in floats; rounded up to 8-byte alignment
   int64_t* row_s = reinterpret_cast<int64_t*>(smem + row_off + (row_off & 1));
 
-  const int seq = a.token_seq[t];
-  const int64_t pos = a.token_pos[t];
-  const int64_t lo = a.window > 0 ? max(int64_t{0}, pos - a.window + 1) : 0;
-  const int64_t j0 = lo + int64_t{split} * kps;
-  const int64_t j1 = min(pos, j0 + kps - 1);  // inclusive
-  const int nk = j0 <= j1 ? static_cast<int>(j1 - j0 + 1) : 0;
+  const SplitRange r = split_range(a, t, split, kps);
+  const int seq = r.seq, nk = r.nk;
+  const int64_t j0 = r.j0;
   const int64_t q_width = int64_t{a.n_heads} * hd;
 
   if (nk == 0) {  // an empty split (the context is shorter than the grid allows for)
     if (n_splits > 1)
       for (int i = threadIdx.x; i < group; i += blockDim.x) {
-        float* pp = partials + ((int64_t{t} * a.n_heads + kvh * group + i) * n_splits + split) * (hd + 2);
+        float* pp = partial_of(a, partials, n_splits, t, kvh * group + i, split);
         pp[0] = -INFINITY;
         pp[1] = 0.0f;
       }
@@ -120,29 +346,53 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
     if (n_splits == 1) {
       static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h} * hd + d] = __float2bfloat16_rn(acc / l_s[g]);
     } else {
-      float* pp = partials + ((int64_t{t} * a.n_heads + h) * n_splits + split) * (hd + 2);
+      float* pp = partial_of(a, partials, n_splits, t, h, split);
       if (d == 0) pp[0] = m_s[g], pp[1] = l_s[g];
       pp[2 + d] = acc;
     }
   }
 }
 
-// grid (token, head): out = sum_s acc_s * e^(m_s - M) / sum_s l_s * e^(m_s - M).
-__global__ void attn_combine_kernel(AttnArgs a, int n_splits, const float* partials) {
-  const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
-  const float* pp = partials + (int64_t{t} * a.n_heads + h) * n_splits * (hd + 2);
+// grid (token, head), 128 threads: out = Σ_s acc_s e^(m_s - M) / Σ_s l_s e^(m_s - M), M = max_s m_s.
+// The threads read the splits' (m, l) in parallel (a serial pass over many splits was a chain of
+// L2 round trips); w_s [n_splits] (dynamic shared memory) holds e^(m_s - M), 0 for empty splits,
+// whose acc is never read.
+constexpr int kCombineThreads = 128;
+__global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnArgs a, int n_splits, const float* partials) {
+  extern __shared__ float w_s[];
+  __shared__ float red_m[kCombineThreads / 32], red_l[kCombineThreads / 32];
+  const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, stride = hd + 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float* pp = partials + (int64_t{t} * a.n_heads + h) * n_splits * stride;
+
   float M = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, pp[s * (hd + 2)]);
+  for (int s = threadIdx.x; s < n_splits; s += kCombineThreads) M = fmaxf(M, pp[s * stride]);
+  M = warp_max(M);
+  if (lane == 0) red_m[warp] = M;
+  __syncthreads();
+  M = red_m[0];
+#pragma unroll
+  for (int w = 1; w < kCombineThreads / 32; ++w) M = fmaxf(M, red_m[w]);  // finite: split 0 is never empty
+
   float L = 0.0f;
-  for (int s = 0; s < n_splits; ++s) {
-    const float m = pp[s * (hd + 2)];
-    if (m != -INFINITY) L += pp[s * (hd + 2) + 1] * __expf(m - M);
+  for (int s = threadIdx.x; s < n_splits; s += kCombineThreads) {
+    const float m = pp[s * stride];
+    const float w = m == -INFINITY ? 0.0f : __expf(m - M);
+    w_s[s] = w;
+    if (w != 0.0f) L = fmaf(pp[s * stride + 1], w, L);
   }
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+  L = warp_sum(L);
+  if (lane == 0) red_l[warp] = L;
+  __syncthreads();  // also publishes w_s
+  L = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kCombineThreads / 32; ++w) L += red_l[w];
+
+  for (int d = threadIdx.x; d < hd; d += kCombineThreads) {
     float acc = 0.0f;
     for (int s = 0; s < n_splits; ++s) {
-      const float m = pp[s * (hd + 2)];
-      if (m != -INFINITY) acc += pp[s * (hd + 2) + 2 + d] * __expf(m - M);
+      const float w = w_s[s];
+      if (w != 0.0f) acc = fmaf(pp[s * stride + 2 + d], w, acc);
     }
     static_cast<__nv_bfloat16*>(a.out)[(int64_t{t} * a.n_heads + h) * hd + d] = __float2bfloat16_rn(acc / L);
   }
@@ -347,6 +597,30 @@ int64_t attention_partials_floats(const AttnArgs& a, int n_splits) {
   return int64_t{a.n_tokens} * a.n_heads * n_splits * (a.head_dim + 2);
 }
 
+bool attention_decode_tiled(const AttnArgs& a) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && aligned(a.k_cache) && aligned(a.v_cache);
+}
+
+namespace {
+
+// The GQA group runs in ceil(group / 8) near-equal chunks of heads (one for every group <= 8);
+// the kernel's G is the next power of two >= the chunk (its extra heads have zero q and are not
+// written). The kernel derives the same chunking from gridDim.y.
+template <int HD>
+void launch_decode_tiled(const AttnArgs& a, int n_splits, int kps, float* partials, cudaStream_t s) {
+  const int group = a.n_heads / a.n_kv_heads;
+  const int n_chunks = (group + kTiledMaxGroup - 1) / kTiledMaxGroup;
+  const int hpc = (group + n_chunks - 1) / n_chunks;
+  const dim3 grid(a.n_tokens, a.n_kv_heads * n_chunks, n_splits);
+  if (hpc <= 1) attn_decode_tiled_kernel<HD, 1><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+  else if (hpc <= 2) attn_decode_tiled_kernel<HD, 2><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+  else if (hpc <= 4) attn_decode_tiled_kernel<HD, 4><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+  else attn_decode_tiled_kernel<HD, 8><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+}
+
+}  // namespace
+
 void launch_attention_decode(const AttnArgs& a, int n_splits, int kps, float* partials, cudaStream_t s) {
   if (a.n_tokens == 0) return;
   const int group = a.n_heads / a.n_kv_heads;
@@ -355,17 +629,36 @@ void launch_attention_decode(const AttnArgs& a, int n_splits, int kps, float* pa
                  kMaxHeadDim);
     std::abort();
   }
-  const size_t smem = sizeof(float) * (group * a.head_dim + group * kps + 2) + sizeof(int64_t) * kps;
-  static bool raised = false;  // opt in to more than 48 KB of dynamic shared memory, once
-  if (!raised) {
-    cudaFuncSetAttribute(attn_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-    raised = true;
+  if (attention_decode_tiled(a)) {
+    switch (a.head_dim) {
+      case 64: launch_decode_tiled<64>(a, n_splits, kps, partials, s); break;
+      case 128: launch_decode_tiled<128>(a, n_splits, kps, partials, s); break;
+      default: launch_decode_tiled<256>(a, n_splits, kps, partials, s); break;
+    }
+    KILN_CUDA_LAUNCH_CHECK("attention_decode (tiled)");
+  } else {
+    if (kps > kAttnGenericMaxKeysPerSplit) {
+      std::fprintf(stderr, "[cuda] attention: %d keys per split > %d for head_dim %d\n", kps,
+                   kAttnGenericMaxKeysPerSplit, a.head_dim);
+      std::abort();
+    }
+    const size_t smem = sizeof(float) * (group * a.head_dim + group * kps + 2) + sizeof(int64_t) * kps;
+    static bool raised = false;  // opt in to more than 48 KB of dynamic shared memory, once
+    if (!raised) {
+      cudaFuncSetAttribute(attn_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+      raised = true;
+    }
+    dim3 grid(a.n_tokens, a.n_kv_heads, n_splits);
+    attn_decode_kernel<<<grid, kDecodeThreads, smem, s>>>(a, n_splits, kps, partials);
+    KILN_CUDA_LAUNCH_CHECK("attention_decode");
   }
-  dim3 grid(a.n_tokens, a.n_kv_heads, n_splits);
-  attn_decode_kernel<<<grid, kDecodeThreads, smem, s>>>(a, n_splits, kps, partials);
-  KILN_CUDA_LAUNCH_CHECK("attention_decode");
   if (n_splits > 1) {
-    attn_combine_kernel<<<dim3(a.n_tokens, a.n_heads), a.head_dim >= 128 ? 128 : 64, 0, s>>>(a, n_splits, partials);
+    const size_t smem = sizeof(float) * n_splits;  // w_s
+    if (smem > 48 * 1024) {
+      std::fprintf(stderr, "[cuda] attention: %d splits exceed the combine kernel's shared memory\n", n_splits);
+      std::abort();
+    }
+    attn_combine_kernel<<<dim3(a.n_tokens, a.n_heads), kCombineThreads, smem, s>>>(a, n_splits, partials);
     KILN_CUDA_LAUNCH_CHECK("attention_combine");
   }
 }

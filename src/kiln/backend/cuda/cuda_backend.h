@@ -58,6 +58,13 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) override;
   void argmax_rows(const Tensor& x, Tensor& ids) override;
+  // Fused ops (cuda_fused_ops.cpp; kernels in fused.cu and gemv_fast.cu): each one launch, with the
+  // values of the op sequence it replaces. matmul_multi fuses batch-1 bf16 GEMVs only; other
+  // cases (several tokens, quantized or non-bf16 weights) run Backend's loop of matmul.
+  void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, bool one_plus_w, Tensor& y) override;
+  void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
+                     float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
+  void matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y) override;
   // Device sampling (cuda_sampling.cpp, kernels in sampling.cu).
   void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
                    Tensor& ids) override;

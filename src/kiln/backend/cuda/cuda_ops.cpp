@@ -231,19 +231,26 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
     launch_attention_prefill(a, im.stream);
     return;
   }
-  // Split-K: enough (token, kv head, split) blocks to fill the GPU twice over, at most 1024 keys
-  // per split; keys visible to a token are at most max_blocks * block_size (or the window).
+  // Split-K, from host-known sizes only. Keys visible to a token are at most max_keys =
+  // max_blocks * block_size (the engine rounds max_blocks up to a power of two of the batch's
+  // longest table, so this is within 2x of the real context) or the window. With at least two
+  // blocks per SM from (token, kv head) alone (batch 128 x 8 kv heads = 1024 blocks), one split:
+  // the partials' round trip and the combine launch would cost more than they balance. Otherwise
+  // enough splits for ~2 blocks per SM, each of 128..1024 keys (128: one 32-key tile per warp of
+  // the tiled kernel; 1024 keeps long contexts spread); empty splits exit at once. The generic
+  // kernel (odd head dims) needs <= 1024 keys per split in every case.
   int64_t max_keys = int64_t{p.max_blocks} * p.block_size;
   if (p.window > 0) max_keys = std::min<int64_t>(max_keys, p.window);
-  const int64_t blocks = std::max<int64_t>(1, n * p.n_kv_heads);
-  int64_t splits = std::clamp<int64_t>((2 * im.n_sms + blocks - 1) / blocks, 1, std::max<int64_t>(1, max_keys / 32));
-  int64_t kps = (max_keys + splits - 1) / splits;
-  if (kps > 1024) {
-    splits = (max_keys + 1023) / 1024;
-    kps = (max_keys + splits - 1) / splits;
+  const int64_t blocks = std::max<int64_t>(1, n * p.n_kv_heads), target = 2 * int64_t{im.n_sms};
+  int64_t kps = max_keys;
+  if (blocks < target) {
+    const int64_t want = (target + blocks - 1) / blocks;
+    kps = std::clamp<int64_t>(((max_keys + want - 1) / want + 127) / 128 * 128, 128, 1024);
+  } else if (!attention_decode_tiled(a)) {
+    kps = std::min<int64_t>(kps, kAttnGenericMaxKeysPerSplit);
   }
-  kps = (kps + 31) / 32 * 32;
-  splits = (max_keys + kps - 1) / kps;
+  kps = std::max<int64_t>(32, (kps + 31) / 32 * 32);
+  const int64_t splits = (max_keys + kps - 1) / kps;
   Tensor partials;
   if (splits > 1) partials = alloc(DType::f32, {attention_partials_floats(a, static_cast<int>(splits))});
   if (im.skip() || n == 0) return;

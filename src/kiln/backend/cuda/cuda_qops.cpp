@@ -59,38 +59,73 @@ void require_dev_act(const Tensor& t, const char* op, const char* arg) {
     fail("cuda", "{}: {} must be bfloat16 (or float32), got {}", op, arg, dtype_name(t.dtype));
 }
 
-}  // namespace
+// The checks of one quantized matmul: shapes, the bias (resident), y not aliasing x.
+struct QCall {
+  QResident q;
+  Tensor bias;
+  Dt bias_dt = Dt::f32;
+};
 
-void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& w, Tensor& y) {
+QCall check_quantized_matmul(CudaBackend::Impl& im, const Tensor& x, const Weight& w, const Tensor& y) {
   require_dev_act(x, "matmul", "x");
   require_dev_act(y, "matmul", "y");
-  QResident q = resident_quantized(im, w, "matmul");
-  const int64_t out = q.args.out, in = q.args.in, n = x.rows();
+  QCall c{resident_quantized(im, w, "matmul")};
+  const int64_t out = c.q.args.out, in = c.q.args.in, n = x.rows();
   if (x.cols() != in)
     fail("cuda", "matmul: x {} does not match a quantized weight of {} inputs", shape_str(x.shape), in);
   if (y.numel() != n * out)
     fail("cuda", "matmul: y {} for x {} and {} outputs", shape_str(y.shape), shape_str(x.shape), out);
   if (n != 0 && x.data == y.data) fail("cuda", "matmul: y must not alias x");
-  Tensor B;
   if (!w.bias.empty()) {
     if (w.bias.numel() != out) fail("cuda", "matmul: bias {} for {} outputs", shape_str(w.bias.shape), out);
-    dt_of(w.bias, "matmul", "bias");
-    B = im.resident_of(w.bias, "matmul");
+    c.bias_dt = dt_of(w.bias, "matmul", "bias");
+    c.bias = im.resident_of(w.bias, "matmul");
   }
+  return c;
+}
+
+// x as 16-byte aligned bf16 rows (what the kernels read): x itself, or a per-step bf16 copy (the
+// models pass bf16 activations from the arena, which need none).
+Tensor bf16_input(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x) {
+  if (x.dtype == DType::bf16 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) return x;
+  Tensor xb = be.alloc(DType::bf16, {x.rows(), x.cols()});
+  if (!im.skip()) launch_convert(x.data, dt_of(x, "matmul", "x"), xb.data, Dt::bf16, x.numel(), im.stream);
+  return xb;
+}
+
+}  // namespace
+
+bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x,
+                            std::span<const Weight* const> ws, std::span<Tensor* const> ys) {
+  const int64_t n = x.rows();
+  if (ws.size() > static_cast<size_t>(kQMultiMax) || !qgemv_use_mma() || n == 0 || n > qgemv_max_tokens(4))
+    return false;
+  for (const Weight* w : ws)
+    if (!w->quantized() || w->bits != 4) return false;
+  QMulti m{};
+  for (size_t i = 0; i < ws.size(); ++i) {
+    QCall c = check_quantized_matmul(im, x, *ws[i], *ys[i]);
+    m.add(c.q.args, c.bias.empty() ? nullptr : c.bias.data, c.bias_dt, ys[i]->data, dt_of(*ys[i], "matmul", "y"));
+  }
+  Tensor xb = bf16_input(be, im, x);
+  if (im.skip()) return true;
+  ProfScope ps(im, "matmul (qgemv)");
+  launch_qgemv_multi(xb.data, n, m, im.stream);
+  return true;
+}
+
+void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& w, Tensor& y) {
+  QCall c = check_quantized_matmul(im, x, w, y);
+  const QResident& q = c.q;
+  const Tensor& B = c.bias;
+  const int64_t out = q.args.out, in = q.args.in, n = x.rows();
   if (n == 0) return;
-  // The kernels read x as bf16 rows from a 16-byte aligned base: anything else goes through a
-  // per-step bf16 copy (the models pass bf16 activations from the arena, which need none).
-  Tensor xb = x;
-  if (x.dtype != DType::bf16 || reinterpret_cast<uintptr_t>(x.data) % 16 != 0) {
-    xb = be.alloc(DType::bf16, {n, in});
-    if (!im.skip()) launch_convert(x.data, dt_of(x, "matmul", "x"), xb.data, Dt::bf16, n * in, im.stream);
-  }
+  Tensor xb = bf16_input(be, im, x);
   const Dt ydt = dt_of(y, "matmul", "y");
   if (n <= qgemv_max_tokens(w.bits)) {
     if (im.skip()) return;
     ProfScope ps(im, "matmul (qgemv)");
-    launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, B.empty() ? Dt::f32 : dt_of(B, "matmul", "bias"),
-                 y.data, ydt, im.stream);
+    launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, c.bias_dt, y.data, ydt, im.stream);
     return;
   }
   // Prefill / large batches: chunks of whole rows (a multiple of 128) dequantized to bf16, then the

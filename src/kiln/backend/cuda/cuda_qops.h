@@ -2,6 +2,8 @@
 // of matmul and embedding for Weight::quantized() (validation, residency, kernel choice). Called
 // from CudaBackend::matmul / ::embedding (cuda_ops.cpp); the kernels are in qmatmul.cu.
 #pragma once
+#include <span>
+
 #include "kiln/backend/cuda/cuda_impl.h"
 
 namespace kiln::backend::cuda {
@@ -10,6 +12,11 @@ namespace kiln::backend::cuda {
 // else 1): the quantized GEMV; more: row chunks dequantized to bf16 in per-step buffers, then the
 // dense cuBLASLt path of be.matmul.
 void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& w, Tensor& y);
+// matmul_multi's quantized case: y_i = x · dequant(w_i)ᵀ for every i in one launch of the 4-bit
+// tensor-core GEMV when all weights are 4-bit and x has at most qgemv_max_tokens(4) tokens; returns
+// false (nothing done) otherwise, and the caller multiplies one weight at a time.
+bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x,
+                            std::span<const Weight* const> ws, std::span<Tensor* const> ys);
 // out [n, dim] = dequantized rows ids[t] of the table (ids outside [0, vocab) give zero rows).
 void quantized_embedding(CudaBackend& be, CudaBackend::Impl& im, const Weight& table, const Tensor& ids, Tensor& out);
 

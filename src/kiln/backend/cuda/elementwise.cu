@@ -3,7 +3,7 @@
 // Math is f32 whatever the storage type; each result is rounded once.
 #include <cfloat>
 
-#include "kiln/backend/cuda/common.cuh"
+#include "kiln/backend/cuda/row_ops.cuh"
 
 namespace kiln::backend::cuda {
 
@@ -20,36 +20,19 @@ __global__ void embedding_kernel(const TT* table, int64_t vocab, int64_t dim, co
     out[t * dim + d] = from_f<OT>(ok ? to_f(table[id * dim + d]) : 0.0f);
 }
 
-// One block per row: sum of squares in f32 (block reduction), then the scaled product.
+// One block per row: sum of squares in f32 (block reduction), then the scaled product (row_ops.cuh,
+// shared with fused.cu's add_rms_norm).
 template <typename XT, typename WT, typename YT>
 __global__ void rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_plus, int64_t dim, YT* y) {
   const int64_t r = blockIdx.x;
   const XT* xr = x + r * dim;
   float ss = 0.0f;
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    float v = to_f(xr[d]);
-    ss += v * v;
-  }
-  __shared__ float part[32];
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-    v = warp_sum(v);
-    if (threadIdx.x == 0) part[0] = v;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(part[0] / static_cast<float>(dim) + eps);
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    float wv = to_f(w[d]);
-    if (one_plus) wv += 1.0f;
-    y[r * dim + d] = from_f<YT>((to_f(xr[d]) * inv) * wv);
-  }
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) ss = sq_acc(ss, to_f(xr[d]));
+  ss = block_sum(ss);
+  rms_norm_store(xr, w, ss, eps, one_plus, dim, y + r * dim);
 }
 
-// One block per token; threads over (head, i < half). The angle is p * inv_freq[i] rounded to f32
-// as HF does; sincosf keeps full range reduction (no fast math), so large positions stay exact.
+// One block per token; threads over (head, i < half); the pair's math is rope_pair (row_ops.cuh).
 template <typename T>
 __global__ void rope_kernel(T* x, int64_t heads, int64_t hd, const int32_t* pos, const float* inv_freq, int64_t half,
                             float attn_factor) {
@@ -57,14 +40,11 @@ __global__ void rope_kernel(T* x, int64_t heads, int64_t hd, const int32_t* pos,
   const float p = static_cast<float>(pos[t]);
   for (int64_t item = threadIdx.x; item < heads * half; item += blockDim.x) {
     const int64_t h = item / half, i = item % half;
-    float s, c;
-    sincosf(p * inv_freq[i], &s, &c);
-    c *= attn_factor;
-    s *= attn_factor;
     T* v = x + (t * heads + h) * hd;
-    const float a = to_f(v[i]), b = to_f(v[i + half]);
-    v[i] = from_f<T>(a * c - b * s);
-    v[i + half] = from_f<T>(b * c + a * s);
+    T lo, hi;
+    rope_pair(v, i, half, p, inv_freq, attn_factor, lo, hi);
+    v[i] = lo;
+    v[i + half] = hi;
   }
 }
 
@@ -170,8 +150,6 @@ __global__ void convert_kernel(const ST* s, DT* d, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     d[i] = from_f<DT>(to_f(s[i]));
 }
-
-int row_threads(int64_t cols) { return cols >= 1024 ? 256 : cols >= 256 ? 128 : 64; }
 
 }  // namespace
 

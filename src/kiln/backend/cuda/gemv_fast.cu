@@ -3,6 +3,7 @@
 // issues up to kLoads 16-byte weight loads (ld.global.nc.L1::no_allocate: streamed once, so they do
 // not evict x from L1) before the first use, so an in = 4096 row is requested whole in one round.
 // x (bf16, tiny) is read through L1. f32 accumulation, warp-shuffle reduction, one rounding on store.
+// launch_gemv_fast_multi runs the same row body over up to 4 matrices sharing x in one launch.
 // Default for batch-1 bf16 (gemv_fast_enabled(); KILN_CUDA_GEMV=old selects gemv.cu's kernel).
 #include <cstdint>
 #include <cstdlib>
@@ -44,15 +45,12 @@ __device__ __forceinline__ float load_bias(const void* p, Dt t, int64_t i) {
   }
 }
 
-// grid ceil(out / kFastWarps); block kFastWarps * 32. Needs in % 8 == 0 and 16-byte aligned w, x.
-__global__ void __launch_bounds__(kFastWarps * 32) gemv_bf16_fast_kernel(const __nv_bfloat16* __restrict__ x,
-                                                                         int64_t in,
-                                                                         const __nv_bfloat16* __restrict__ w,
-                                                                         int64_t out, const void* bias, Dt bt,
-                                                                         void* y, Dt yt) {
+// The body of both kernels: this warp's row r of y = x · wᵀ (+ bias). Needs in % 8 == 0 and
+// 16-byte aligned w, x.
+__device__ __forceinline__ void gemv_fast_row(const __nv_bfloat16* __restrict__ x, int64_t in,
+                                              const __nv_bfloat16* __restrict__ w, int64_t r, const void* bias, Dt bt,
+                                              void* y, Dt yt) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t{blockIdx.x} * kFastWarps + (threadIdx.x >> 5);
-  if (r >= out) return;
   const int64_t nvec = in / 8;  // 16-byte vectors per row
   const uint4* wr = reinterpret_cast<const uint4*>(w + r * in);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
@@ -97,6 +95,35 @@ __global__ void __launch_bounds__(kFastWarps * 32) gemv_bf16_fast_kernel(const _
   }
 }
 
+// grid ceil(out / kFastWarps); block kFastWarps * 32; one warp per row.
+__global__ void __launch_bounds__(kFastWarps * 32) gemv_bf16_fast_kernel(const __nv_bfloat16* __restrict__ x,
+                                                                         int64_t in,
+                                                                         const __nv_bfloat16* __restrict__ w,
+                                                                         int64_t out, const void* bias, Dt bt,
+                                                                         void* y, Dt yt) {
+  const int64_t r = int64_t{blockIdx.x} * kFastWarps + (threadIdx.x >> 5);
+  if (r >= out) return;  // warp-uniform
+  gemv_fast_row(x, in, w, r, bias, bt, y, yt);
+}
+
+// The multi-matrix form: matrix i owns blocks [block_start[i], block_start[i + 1]), each of
+// kFastWarps rows of it, so a block never straddles two matrices and every warp's work is the
+// single kernel's. The arguments travel by value (kernel parameter space).
+struct MultiArgs {
+  GemvFastMulti m;
+  unsigned block_start[GemvFastMulti::kMax + 1];
+};
+
+__global__ void __launch_bounds__(kFastWarps * 32) gemv_bf16_fast_multi_kernel(const __nv_bfloat16* __restrict__ x,
+                                                                               int64_t in, const MultiArgs a) {
+  int i = 0;
+  while (i + 1 < a.m.count && blockIdx.x >= a.block_start[i + 1]) ++i;
+  const int64_t r = int64_t{blockIdx.x - a.block_start[i]} * kFastWarps + (threadIdx.x >> 5);
+  if (r >= a.m.out[i]) return;  // warp-uniform
+  gemv_fast_row(x, in, static_cast<const __nv_bfloat16*>(a.m.w[i]), r, a.m.bias[i], a.m.bias_t[i], a.m.y[i],
+                a.m.y_t[i]);
+}
+
 }  // namespace
 
 bool gemv_fast_enabled() {
@@ -121,6 +148,19 @@ void launch_gemv_fast(const void* x, int64_t in, const void* w, int64_t out, con
   gemv_bf16_fast_kernel<<<grid, kFastWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(x), in,
                                                          static_cast<const __nv_bfloat16*>(w), out, bias, bt, y, yt);
   KILN_CUDA_LAUNCH_CHECK("gemv_fast");
+}
+
+void launch_gemv_fast_multi(const void* x, int64_t in, const GemvFastMulti& m, cudaStream_t s) {
+  MultiArgs a{m, {}};
+  unsigned blocks = 0;
+  for (int i = 0; i < m.count; ++i) {
+    a.block_start[i] = blocks;
+    blocks += static_cast<unsigned>((m.out[i] + kFastWarps - 1) / kFastWarps);
+  }
+  a.block_start[m.count] = blocks;
+  if (blocks == 0) return;
+  gemv_bf16_fast_multi_kernel<<<blocks, kFastWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(x), in, a);
+  KILN_CUDA_LAUNCH_CHECK("gemv_fast_multi");
 }
 
 }  // namespace kiln::backend::cuda

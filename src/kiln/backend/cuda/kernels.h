@@ -67,9 +67,14 @@ struct AttnArgs {
   float scale, softcap;
   int window, block_size, max_blocks;
 };
-// Split-K decode kernel: one block per (token, kv head, split) scores its key range for all heads
-// of the GQA group; a combine kernel merges the splits. `n_splits` > 1 needs `partials`
-// (f32, attention_partials_floats(...) of them). Works for any shape.
+// Split-K decode kernel: one block per (token, kv head, split) scores its key range [lo + split *
+// keys_per_split, +keys_per_split) for all heads of the GQA group; a combine kernel merges the
+// splits. `n_splits` > 1 needs `partials` (f32, attention_partials_floats(...) of them). Works for
+// any shape (group <= 16, head_dim <= 256). attention_decode_tiled(a): the fast tiled kernel runs
+// (head_dim 64/128/256, 16-byte aligned caches), any keys_per_split; otherwise the generic kernel
+// runs, which needs keys_per_split <= kAttnGenericMaxKeysPerSplit.
+constexpr int kAttnGenericMaxKeysPerSplit = 1024;
+bool attention_decode_tiled(const AttnArgs& a);
 int64_t attention_partials_floats(const AttnArgs& a, int n_splits);
 void launch_attention_decode(const AttnArgs& a, int n_splits, int keys_per_split, float* partials, cudaStream_t s);
 // Tensor-core (mma.sync bf16) flash-attention kernel for query tiles of 64 tokens; any batch
@@ -77,5 +82,48 @@ void launch_attention_decode(const AttnArgs& a, int n_splits, int keys_per_split
 // attention_prefill_supported().
 bool attention_prefill_supported(int head_dim);
 void launch_attention_prefill(const AttnArgs& a, cudaStream_t s);
+
+}  // namespace kiln::backend::cuda
+
+// ---- fused ops (fused.cu, gemv_fast.cu): one launch where a decode step had several; each
+// gives exactly the values of the kernels it replaces (shared device helpers, row_ops.cuh).
+namespace kiln::backend::cuda {
+
+// x[r] = x[r] + delta[r] (rounded to xt), then y[r] = rms_norm(x[r]) as launch_rms_norm computes
+// it from the stored x; x, delta, y [rows, dim] of dtype xt (y may alias x or delta).
+void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w,
+                         int64_t rows, int64_t dim, void* y, cudaStream_t s);
+
+// launch_rope on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] (in place), then
+// launch_kv_write of the rotated k and v [n, n_kv_heads * head_dim] into the caches
+// [n_slots, n_kv_heads * head_dim] (slots outside [0, n_slots) skipped). All of one dtype.
+struct RopeKvArgs {
+  void* q;
+  void* k;
+  const void* v;
+  const int32_t* pos;      // [n_tokens]
+  const float* inv_freq;   // [half]
+  const int32_t* slots;    // [n_tokens]
+  void* k_cache;
+  void* v_cache;
+  int64_t n_tokens, n_heads, n_kv_heads, head_dim, half, n_slots;
+  float attn_factor;
+};
+void launch_rope_kv_write(const RopeKvArgs& a, Dt t, cudaStream_t s);
+
+// Several batch-1 bf16 GEMVs sharing x [1, in] in one launch (q/k/v, gate/up): y_i [out_i] =
+// x · w_iᵀ (+ bias_i) by gemv_fast's kernel body, so each equals launch_gemv_fast(x, in, w_i, ...).
+// Every w_i must pass gemv_fast_supported. Blocks map to (matrix, rows) by prefix sums of blocks.
+struct GemvFastMulti {
+  static constexpr int kMax = 4;
+  int count = 0;
+  const void* w[kMax] = {};
+  int64_t out[kMax] = {};
+  const void* bias[kMax] = {};  // nullptr: none
+  Dt bias_t[kMax] = {};
+  void* y[kMax] = {};
+  Dt y_t[kMax] = {};
+};
+void launch_gemv_fast_multi(const void* x, int64_t in, const GemvFastMulti& m, cudaStream_t s);
 
 }  // namespace kiln::backend::cuda

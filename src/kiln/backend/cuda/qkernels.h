@@ -22,11 +22,32 @@ struct QWeightArgs {
   int64_t out, in;
 };
 
+// Up to kQMultiMax quantized matrices that multiply the same x in one launch (q/k/v, gate/up):
+// y_i [n, out_i] (dtype yt[i]) = x · dequant(w_i)ᵀ (+ bias_i). tiles[i] = 16-row tiles before matrix i.
+constexpr int kQMultiMax = 4;
+struct QMulti {
+  QWeightArgs w[kQMultiMax];
+  const void* bias[kQMultiMax];
+  Dt bt[kQMultiMax];
+  void* y[kQMultiMax];
+  Dt yt[kQMultiMax];
+  int64_t tiles[kQMultiMax + 1];
+  int count;
+  void add(const QWeightArgs& q, const void* b, Dt btype, void* out, Dt otype) {
+    w[count] = q, bias[count] = b, bt[count] = btype, y[count] = out, yt[count] = otype;
+    tiles[count + 1] = tiles[count] + (q.out + 15) / 16;
+    ++count;
+  }
+};
+
 // y [n, out] (dtype yt) = x [n, in] (bf16, 16-byte aligned) · dequant(w)ᵀ (+ bias [out] of dtype bt),
-// f32 accumulation, one rounding on store. 4-bit: tensor-core kernel, 8 tokens per pass over the
-// packed weights; other widths: CUDA-core kernel, one pass per token.
+// f32 accumulation, one rounding on store. 4-bit: the tensor-core kernel (launch_qgemv_multi with
+// one matrix); other widths: CUDA-core kernel, one pass per token.
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
                   cudaStream_t s);
+// The 4-bit tensor-core GEMV over every matrix of m (all 4-bit, same in) in one launch, 8 tokens per
+// pass over the packed weights (each dequantized weight rounded once to bf16 before the bf16 MMA).
+void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t s);
 // dst [n_rows, in] (dtype dt: bf16 or f32) = dequantized rows of w (scale * q + bias in f32, one
 // rounding): row i is w's row rows[i], or r0 + i when rows is null; rows outside [0, out) give zeros.
 void launch_qdequant_rows(const QWeightArgs& w, const int32_t* rows, int64_t r0, int64_t n_rows, void* dst, Dt dt,
@@ -35,13 +56,6 @@ void launch_qdequant_rows(const QWeightArgs& w, const int32_t* rows, int64_t r0,
 // Whether 4-bit weights take the tensor-core GEMV (default; KILN_CUDA_QGEMV=ffma forces the generic
 // CUDA-core kernel every width uses, for comparison and tests).
 bool qgemv_use_mma();
-// qgemv_fast.cu: the batch-1 4-bit tensor-core GEMV with x in shared memory and 16 units of weight
-// words in flight per lane; launch_qgemv takes it when qgemv_fast_enabled() (KILN_CUDA_QGEMV=fast)
-// and qgemv_fast_supported(n, w).
-bool qgemv_fast_enabled();
-bool qgemv_fast_supported(int64_t n, const QWeightArgs& w);
-void launch_qgemv4_fast(const void* x, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
-                        cudaStream_t s);
 // Tokens up to which the quantized GEMV runs rather than dequantize + cuBLASLt: the tensor-core
 // kernel costs about the same for 1..8 tokens per pass; the CUDA-core kernel's cost grows with the
 // tokens (measured on the H200: 8 tokens ran at 6% of the copy rate), so it takes single tokens only.

@@ -269,16 +269,22 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
   }
 }
 
-// ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate): up to 8 tokens
-// per pass at the cost of one. A block of 8 warps owns a tile of 16 rows; warp w takes the units
-// [w * U / 8, (w + 1) * U / 8) (contiguous, so a thread's consecutive units share a group). Lane (g,
-// t) (g = lane / 4, t = lane % 4) reads word t of the unit for rows g and g + 8 (codes 8t .. 8t + 7)
-// and x[token g][8t .. 8t + 7]; the MMA's k order is permuted consistently in A and B:
-//   k-step 0: A cols (2t, 2t+1, 2t+8, 2t+9) = codes (8t, 8t+4, 8t+1, 8t+5), k-step 1: (8t+2, 8t+6, 8t+3, 8t+7)
-// so A pairs are ((w >> 4i) & 0x000F000F) | 0x43004300 = bf16x2 (128 + q_i, 128 + q_{i+4}) (exact),
-// and B pairs are byte permutes of the x load. A second MMA with A = 1 gives Σx per token, and per
-// group acc += scale · C1 + (bias − 128 · scale) · C2. The 8 warps' partial sums meet in shared memory.
-constexpr int kMmaWarps = 8;
+// ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate), for 1-8 tokens
+// per pass and up to kQMultiMax matrices sharing x in one launch (q/k/v, gate/up).
+// A block of kTcWarps warps owns a tile of 16 rows of one matrix; the K dimension is cut into
+// super-units (SU) of 4 units (128 codes) and warp w takes the SUs [w * S / 8, (w + 1) * S / 8).
+// Lane (g, t) (g = lane / 4, t = lane % 4) reads unit 4s + t of rows g and g + 8 with one 16-byte load
+// each (so a warp load covers 8 rows x 64 contiguous bytes) and x[token g] of the same unit. The MMA's
+// k order is permuted consistently in A and B: for word ww of the unit and half h, the lane's k slots
+// (2t, 2t+1, 2t+8, 2t+9) hold codes (8ww+2h, 8ww+2h+4, 8ww+2h+1, 8ww+2h+5), so an A register is
+//   ((w >> 8h) & 0x000F000F) | 0x43004300 = bf16x2 (128 + q_i, 128 + q_{i+4})    (exact)
+// minus 128 (exact), times scale plus bias in one bf16x2 FMA (the dequantized weight, rounded once to
+// bf16 as MLX's bf16 models hold it); B registers are byte permutes of the x load. Each MMA sums over
+// four units of possibly different groups, which is why the scale is applied before it. All of a
+// round's weight words, scales and biases are requested before the first MMA (kTcSU SUs: 256 B per
+// lane in flight); the 8 warps' partial sums meet in shared memory.
+constexpr int kTcWarps = 8;
+constexpr int kTcSU = 4;
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -289,76 +295,86 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t pair4(uint32_t w, int i) { return ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u; }
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {  // read once: keep it out of L1
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 
-template <int UN>
-__global__ void __launch_bounds__(kMmaWarps * 32) qgemv4_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
-                                                                    QWeightArgs q, const void* bias, Dt bt, void* y,
-                                                                    Dt yt) {
-  __shared__ float red[kMmaWarps][16][8];
+// Codes i and i + 4 of word w (i in 0..3) dequantized: bf16x2 (s·q_i + b, s·q_{i+4} + b).
+__device__ __forceinline__ uint32_t deq_pair(uint32_t w, int i, __nv_bfloat162 s, __nv_bfloat162 b) {
+  const uint32_t m = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;  // (128 + q_i, 128 + q_{i+4})
+  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&m), __float2bfloat162_rn(128.0f));
+  const __nv_bfloat162 v = __hfma2(q, s, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// grid (total 16-row tiles of all matrices, ceil(n / 8)); block kTcWarps * 32.
+__global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
+                                                                  QMulti m) {
+  __shared__ float red[kTcWarps][16][8];
+  int mi = 0;  // the matrix of this tile
+  while (mi + 1 < m.count && static_cast<int64_t>(blockIdx.x) >= m.tiles[mi + 1]) ++mi;
+  const QWeightArgs q = m.w[mi];
+  const int64_t tile = blockIdx.x - m.tiles[mi];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t tile = blockIdx.x, t0 = int64_t{blockIdx.y} * 8;
+  const int64_t t0 = int64_t{blockIdx.y} * 8;
   const int nt = static_cast<int>(n - t0 < 8 ? n - t0 : 8);
-  const int U = static_cast<int>(q.in / 32), n_groups = static_cast<int>(q.in / q.group_size);
-  const int gshift = q.group_size == 32 ? 0 : (q.group_size == 64 ? 1 : 2);
-  const int64_t row_lo = tile * 16 + g < q.out ? tile * 16 + g : q.out - 1;
+  const int64_t U = q.in / 32, n_groups = q.in / q.group_size, S = (U + 3) / 4;
+  const int gshift = q.group_size == 32 ? 0 : (q.group_size == 64 ? 1 : 2);  // unit -> group: u >> gshift
+  const int64_t row_lo = tile * 16 + g < q.out ? tile * 16 + g : q.out - 1;  // past-the-end rows: not stored
   const int64_t row_hi = tile * 16 + g + 8 < q.out ? tile * 16 + g + 8 : q.out - 1;
-  const int row_words = U * 4;
-  const uint32_t* w_lo = q.w + row_lo * row_words + t;
-  const uint32_t* w_hi = q.w + row_hi * row_words + t;
+  const uint4* w_lo = reinterpret_cast<const uint4*>(q.w) + row_lo * U + t;  // a unit is one uint4
+  const uint4* w_hi = reinterpret_cast<const uint4*>(q.w) + row_hi * U + t;
   const bool has_x = g < nt;
-  const __nv_bfloat16* xr = x + (t0 + (has_x ? g : 0)) * q.in + 8 * t;
-  const int u_begin = static_cast<int>(int64_t{warp} * U / kMmaWarps), u_end = static_cast<int>(int64_t{warp + 1} * U / kMmaWarps);
+  const uint4* xr = reinterpret_cast<const uint4*>(x + (t0 + (has_x ? g : 0)) * q.in) + 4 * t;  // 8 x per uint4
+  const int64_t s_begin = warp * S / kTcWarps, s_end = (warp + 1) * S / kTcWarps;
 
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float c1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  int cur_group = u_begin >> gshift;
-  // Folds the group's C1/C2 into acc with its scales and biases (rows g and g + 8).
-  auto fold = [&](int grp) {
-    const float s_lo = load_s(q.scales, q.sdt, row_lo * n_groups + grp);
-    const float b_lo = load_s(q.biases, q.sdt, row_lo * n_groups + grp);
-    const float s_hi = load_s(q.scales, q.sdt, row_hi * n_groups + grp);
-    const float b_hi = load_s(q.biases, q.sdt, row_hi * n_groups + grp);
-    acc[0] = fmaf(s_lo, c1[0], fmaf(b_lo - 128.0f * s_lo, c2[0], acc[0]));
-    acc[1] = fmaf(s_lo, c1[1], fmaf(b_lo - 128.0f * s_lo, c2[1], acc[1]));
-    acc[2] = fmaf(s_hi, c1[2], fmaf(b_hi - 128.0f * s_hi, c2[2], acc[2]));
-    acc[3] = fmaf(s_hi, c1[3], fmaf(b_hi - 128.0f * s_hi, c2[3], acc[3]));
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += kTcSU) {
+    uint4 wl[kTcSU], wh[kTcSU];
+    float sl[kTcSU], bl[kTcSU], sh[kTcSU], bh[kTcSU];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) c1[i] = c2[i] = 0.0f;
-  };
-  constexpr uint32_t one2 = 0x3F803F80u;  // bf16x2 (1, 1)
-  for (int u0 = u_begin; u0 < u_end; u0 += UN) {
-    uint32_t wl[UN], wh[UN];
-    uint4 xv[UN];
-#pragma unroll
-    for (int k = 0; k < UN; ++k) {
-      const int u = u0 + k < u_end ? u0 + k : u_end - 1;
-      wl[k] = __ldg(w_lo + u * 4);
-      wh[k] = __ldg(w_hi + u * 4);
-      xv[k] = has_x ? __ldg(reinterpret_cast<const uint4*>(xr + u * 32)) : make_uint4(0, 0, 0, 0);
+    for (int k = 0; k < kTcSU; ++k) {
+      const int64_t u = 4 * (s0 + k < s_end ? s0 + k : s_end - 1) + t;  // this lane's unit
+      const int64_t uc = u < U ? u : U - 1;  // units past the row end: loaded, weighted 0
+      wl[k] = ld_stream(w_lo + (uc - t));
+      wh[k] = ld_stream(w_hi + (uc - t));
+      const int64_t grp = uc >> gshift;
+      sl[k] = load_s(q.scales, q.sdt, row_lo * n_groups + grp);
+      bl[k] = load_s(q.biases, q.sdt, row_lo * n_groups + grp);
+      sh[k] = load_s(q.scales, q.sdt, row_hi * n_groups + grp);
+      bh[k] = load_s(q.biases, q.sdt, row_hi * n_groups + grp);
+      if (u >= U) sl[k] = bl[k] = sh[k] = bh[k] = 0.0f;
     }
 #pragma unroll
-    for (int k = 0; k < UN; ++k) {
-      const int u = u0 + k;
-      if (u >= u_end) break;
-      if ((u >> gshift) != cur_group) {
-        fold(cur_group);
-        cur_group = u >> gshift;
+    for (int k = 0; k < kTcSU; ++k) {
+      const int64_t s = s0 + k;
+      if (s >= s_end) break;
+      const bool unit_ok = 4 * s + t < U;
+      const __nv_bfloat162 Sl = __float2bfloat162_rn(sl[k]), Bl = __float2bfloat162_rn(bl[k]);
+      const __nv_bfloat162 Sh = __float2bfloat162_rn(sh[k]), Bh = __float2bfloat162_rn(bh[k]);
+      const uint32_t lo[4] = {wl[k].x, wl[k].y, wl[k].z, wl[k].w}, hi[4] = {wh[k].x, wh[k].y, wh[k].z, wh[k].w};
+#pragma unroll
+      for (int ww = 0; ww < 4; ++ww) {
+        const uint4 xv = has_x && unit_ok ? __ldg(xr + 16 * s + ww) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t xa = h ? xv.y : xv.x, xb = h ? xv.w : xv.z;
+          mma_bf16(c, deq_pair(lo[ww], 2 * h, Sl, Bl), deq_pair(hi[ww], 2 * h, Sh, Bh),
+                   deq_pair(lo[ww], 2 * h + 1, Sl, Bl), deq_pair(hi[ww], 2 * h + 1, Sh, Bh),
+                   __byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632));
+        }
       }
-      const uint32_t b00 = __byte_perm(xv[k].x, xv[k].z, 0x5410), b01 = __byte_perm(xv[k].x, xv[k].z, 0x7632);
-      const uint32_t b10 = __byte_perm(xv[k].y, xv[k].w, 0x5410), b11 = __byte_perm(xv[k].y, xv[k].w, 0x7632);
-      mma_bf16(c1, pair4(wl[k], 0), pair4(wh[k], 0), pair4(wl[k], 1), pair4(wh[k], 1), b00, b01);
-      mma_bf16(c1, pair4(wl[k], 2), pair4(wh[k], 2), pair4(wl[k], 3), pair4(wh[k], 3), b10, b11);
-      mma_bf16(c2, one2, one2, one2, one2, b00, b01);
-      mma_bf16(c2, one2, one2, one2, one2, b10, b11);
     }
   }
-  if (u_begin < u_end) fold(cur_group);
-  // C fragment: acc[0..1] row g, tokens 2t, 2t+1; acc[2..3] row g + 8.
-  red[warp][g][2 * t] = acc[0];
-  red[warp][g][2 * t + 1] = acc[1];
-  red[warp][g + 8][2 * t] = acc[2];
-  red[warp][g + 8][2 * t + 1] = acc[3];
+  // C fragment: c[0..1] row g, tokens 2t, 2t+1; c[2..3] row g + 8.
+  red[warp][g][2 * t] = c[0];
+  red[warp][g][2 * t + 1] = c[1];
+  red[warp][g + 8][2 * t] = c[2];
+  red[warp][g + 8][2 * t + 1] = c[3];
   __syncthreads();
   if (threadIdx.x < 128) {
     const int r = threadIdx.x >> 3, tok = threadIdx.x & 7;
@@ -366,9 +382,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) qgemv4_mma_kernel(const __nv_b
     if (row < q.out && tok < nt) {
       float v = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kMmaWarps; ++w) v += red[w][r][tok];
-      if (bias) v += load_s(bias, bt, row);
-      store_s(y, yt, (t0 + tok) * q.out + row, v);
+      for (int w = 0; w < kTcWarps; ++w) v += red[w][r][tok];
+      if (m.bias[mi]) v += load_s(m.bias[mi], m.bt[mi], row);
+      store_s(m.y[mi], m.yt[mi], (t0 + tok) * q.out + row, v);
     }
   }
 }
@@ -398,22 +414,32 @@ bool qgemv_use_mma() {
   return on;
 }
 
+void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t s) {
+  if (n == 0 || m.count == 0 || m.tiles[m.count] == 0) return;
+  for (int64_t t0 = 0; t0 < n; t0 += 8 * 65535) {  // grid.y limit (never reached by the caller's batches)
+    const int64_t nn = n - t0 < 8 * 65535 ? n - t0 : 8 * 65535;
+    QMulti mm = m;
+    for (int i = 0; i < m.count; ++i)
+      mm.y[i] = static_cast<char*>(m.y[i]) + t0 * m.w[i].out * (m.yt[i] == Dt::f32 ? 4 : 2);
+    dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>((nn + 7) / 8));
+    qgemv4_tc_kernel<<<grid, kTcWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(x) + t0 * m.w[0].in, nn, mm);
+  }
+  KILN_CUDA_LAUNCH_CHECK("qgemv4_tc");
+}
+
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
                   cudaStream_t s) {
   if (n == 0 || w.out == 0) return;
+  if (w.bits == 4 && qgemv_use_mma()) {
+    QMulti m{};
+    m.add(w, bias, bt, y, yt);
+    return launch_qgemv_multi(x, n, m, s);
+  }
   for (int64_t t0 = 0; t0 < n; t0 += 65535) {  // grid.y limit (never reached by the caller's batches)
     const int64_t nn = n - t0 < 65535 ? n - t0 : 65535;
     const void* xp = static_cast<const __nv_bfloat16*>(x) + t0 * w.in;
     void* yp = static_cast<char*>(y) + t0 * w.out * (yt == Dt::f32 ? 4 : 2);
-    if (qgemv_fast_enabled() && qgemv_fast_supported(nn, w)) {
-      launch_qgemv4_fast(xp, w, bias, bt, yp, yt, s);
-    } else if (w.bits == 4 && qgemv_use_mma()) {
-      dim3 grid(static_cast<unsigned>((w.out + 15) / 16), static_cast<unsigned>((nn + 7) / 8));
-      qgemv4_mma_kernel<8><<<grid, kMmaWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(xp), nn, w, bias, bt, yp,
-                                                          yt);
-    } else {
-      dispatch_bits(w.bits, [&]<int BITS>() { launch_bits<BITS>(xp, nn, w, bias, bt, yp, yt, s); });
-    }
+    dispatch_bits(w.bits, [&]<int BITS>() { launch_bits<BITS>(xp, nn, w, bias, bt, yp, yt, s); });
   }
   KILN_CUDA_LAUNCH_CHECK("qgemv");
 }

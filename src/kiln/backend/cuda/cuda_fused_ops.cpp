@@ -1,0 +1,149 @@
+// CudaBackend's fused ops (host side): argument checks as the separate ops make them ("[cuda]
+// <op>: ..."), weight residency, and one launch each (fused.cu, gemv_fast.cu). The choice between
+// the fused launch and Backend's default loop depends only on shapes, dtypes and addresses known
+// on the host, so a captured graph replays the same choice; in replay mode an op checks and returns.
+// KILN_CUDA_FUSED=0 runs Backend's defaults (the separate ops) instead, for A/B measurements.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kiln/backend/cuda/cuda_impl.h"
+#include "kiln/backend/cuda/cuda_qops.h"
+
+namespace kiln::backend::cuda {
+
+namespace {
+
+static_assert(Backend::kMaxMultiMatmul == GemvFastMulti::kMax, "one launch must hold every pair");
+
+bool fused_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_FUSED");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+void require_dev_act(const Tensor& t, const char* op, const char* arg) {
+  if (t.numel() != 0 && (t.empty() || t.device != Device::cuda))
+    fail("cuda", "{}: {} is not a device tensor; upload it first", op, arg);
+  if (t.dtype != DType::bf16 && t.dtype != DType::f32)
+    fail("cuda", "{}: {} must be bfloat16 (or float32), got {}", op, arg, dtype_name(t.dtype));
+}
+
+void require_dev_i32(const Tensor& t, const char* op, const char* arg) {
+  if (t.numel() != 0 && (t.empty() || t.device != Device::cuda))
+    fail("cuda", "{}: {} is not a device tensor; upload it first", op, arg);
+  if (t.dtype != DType::i32) fail("cuda", "{}: {} must be int32, got {}", op, arg, dtype_name(t.dtype));
+}
+
+}  // namespace
+
+void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, bool one_plus_w,
+                               Tensor& y) {
+  if (!fused_enabled()) return Backend::add_rms_norm(x, delta, w, eps, one_plus_w, y);
+  Impl& im = *impl_;
+  require_dev_act(x, "add_rms_norm", "x");
+  require_dev_act(delta, "add_rms_norm", "delta");
+  require_dev_act(y, "add_rms_norm", "y");
+  const int64_t dim = x.cols(), rows = x.rows();
+  if (delta.numel() != x.numel() || y.numel() != x.numel() || delta.dtype != x.dtype || y.dtype != x.dtype)
+    fail("cuda", "add_rms_norm: x {} {}, delta {} {} and y {} {} must match", dtype_name(x.dtype), shape_str(x.shape),
+         dtype_name(delta.dtype), shape_str(delta.shape), dtype_name(y.dtype), shape_str(y.shape));
+  if (w.numel() != dim) fail("cuda", "add_rms_norm: weight {} for rows of {}", shape_str(w.shape), dim);
+  const Dt wt = dt_of(w, "add_rms_norm", "w");
+  Tensor W = im.resident_of(w, "add_rms_norm");
+  if (im.skip()) return;
+  ProfScope ps(im, "add_rms_norm");
+  launch_add_rms_norm(x.data, delta.data, dt_of(x, "add_rms_norm", "x"), W.data, wt, eps, one_plus_w, rows, dim,
+                      y.data, im.stream);
+}
+
+void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
+                                float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  if (!fused_enabled()) return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, k_cache, v_cache);
+  Impl& im = *impl_;
+  const char* op = "rope_kv_write";
+  require_dev_act(q, op, "q");
+  require_dev_act(k, op, "k");
+  require_dev_act(v, op, "v");
+  require_dev_act(k_cache, op, "k_cache");
+  require_dev_act(v_cache, op, "v_cache");
+  require_dev_i32(pos, op, "pos");
+  require_dev_i32(slots, op, "slots");
+  if (inv_freq.dtype != DType::f32) fail("cuda", "rope_kv_write: inv_freq must be float32");
+  if (q.ndim() != 3 || k.ndim() != 3 || q.dim(0) != k.dim(0) || q.dim(2) != k.dim(2))
+    fail("cuda", "rope_kv_write: q {} and k {} must be [n_tokens, heads, head_dim] of one n_tokens and head_dim",
+         shape_str(q.shape), shape_str(k.shape));
+  const int64_t n = q.dim(0), hd = q.dim(2), half = inv_freq.numel(), width = k.dim(1) * hd;
+  if (pos.numel() != n || slots.numel() != n)
+    fail("cuda", "rope_kv_write: {} positions and {} slots for {} tokens", pos.numel(), slots.numel(), n);
+  if (2 * half > hd) fail("cuda", "rope_kv_write: rotary dim {} exceeds head_dim {}", 2 * half, hd);
+  if (v.numel() != n * width || k_cache.cols() != width || v_cache.cols() != width ||
+      k_cache.numel() != v_cache.numel())
+    fail("cuda", "rope_kv_write: k {} v {} caches {} {}", shape_str(k.shape), shape_str(v.shape),
+         shape_str(k_cache.shape), shape_str(v_cache.shape));
+  if (q.dtype != k.dtype || v.dtype != k.dtype || k_cache.dtype != k.dtype || v_cache.dtype != k.dtype)
+    fail("cuda", "rope_kv_write: q {}, k {}, v {} and the caches {} / {} must share one dtype", dtype_name(q.dtype),
+         dtype_name(k.dtype), dtype_name(v.dtype), dtype_name(k_cache.dtype), dtype_name(v_cache.dtype));
+  Tensor f = im.resident_of(inv_freq, op);
+  im.note(k_cache.data), im.note(v_cache.data);
+  if (im.skip()) return;
+  ProfScope ps(im, "rope_kv_write");
+  RopeKvArgs a{q.data, k.data, v.data, pos.ptr<int32_t>(), f.ptr<float>(), slots.ptr<int32_t>(), k_cache.data,
+               v_cache.data, n, q.dim(1), k.dim(1), hd, half, k_cache.numel() / std::max<int64_t>(1, width),
+               attn_factor};
+  launch_rope_kv_write(a, dt_of(k, op, "k"), im.stream);
+}
+
+void CudaBackend::matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y) {
+  Impl& im = *impl_;
+  if (w.size() != y.size() || w.size() > kMaxMultiMatmul)
+    fail("cuda", "matmul_multi: {} weights for {} outputs (at most {} pairs)", w.size(), y.size(), kMaxMultiMatmul);
+  bool quantized = false;
+  for (const Weight* wi : w) quantized |= wi->quantized();
+  if (quantized) {  // all 4-bit and few tokens: one launch of the tensor-core GEMV; else one matmul each
+    if (w.size() < 2 || !fused_enabled() || !quantized_matmul_multi(*this, im, x, w, y)) Backend::matmul_multi(x, w, y);
+    return;
+  }
+  // The fused launch: one token of bf16 x and every weight a dense bf16 matrix that gemv_fast takes
+  // (what matmul would run for each pair alone, so the values are the same); else the loop.
+  if (w.size() < 2 || !fused_enabled() || !gemv_fast_enabled() || x.dtype != DType::bf16 || x.rows() != 1 ||
+      x.device != Device::cuda || x.empty())
+    return Backend::matmul_multi(x, w, y);
+  const int64_t in = x.cols();
+  GemvFastMulti m;
+  std::vector<Tensor> keep;  // device copies of weights and biases, alive for the launch
+  for (size_t i = 0; i < w.size(); ++i) {
+    const Tensor& wt = w[i]->w;
+    Tensor& yi = *y[i];
+    if (wt.ndim() != 2 || wt.dtype != DType::bf16 || wt.dim(1) != in) return Backend::matmul_multi(x, w, y);
+    require_dev_act(yi, "matmul_multi", "y");
+    const int64_t out = wt.dim(0);
+    if (yi.numel() != out)
+      fail("cuda", "matmul_multi: y[{}] {} for x {} and weight {}", i, shape_str(yi.shape), shape_str(x.shape),
+           shape_str(wt.shape));
+    if (yi.data == x.data) fail("cuda", "matmul_multi: y[{}] must not alias x", i);
+    Tensor W = im.resident_of(wt, "matmul_multi");
+    if (!gemv_fast_supported(Dt::bf16, 1, in, W.data, Dt::bf16, x.data)) return Backend::matmul_multi(x, w, y);
+    const Tensor& bias = w[i]->bias;
+    if (!bias.empty()) {
+      if (bias.numel() != out) fail("cuda", "matmul_multi: bias {} for {} outputs", shape_str(bias.shape), out);
+      m.bias_t[i] = dt_of(bias, "matmul_multi", "bias");
+      keep.push_back(im.resident_of(bias, "matmul_multi"));
+      m.bias[i] = keep.back().data;
+    }
+    m.w[i] = W.data;
+    m.out[i] = out;
+    m.y[i] = yi.data;
+    m.y_t[i] = dt_of(yi, "matmul_multi", "y");
+    keep.push_back(std::move(W));
+  }
+  m.count = static_cast<int>(w.size());
+  if (im.skip()) return;
+  ProfScope ps(im, "matmul_multi (gemv)");
+  launch_gemv_fast_multi(x.data, in, m, im.stream);
+}
+
+}  // namespace kiln::backend::cuda

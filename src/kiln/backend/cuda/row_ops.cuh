@@ -1,0 +1,61 @@
+// Device helpers shared by the row kernels of elementwise.cu (rms_norm, rope) and their fused
+// forms in fused.cu (add_rms_norm, rope_kv_write): one copy of the math, so that a fused kernel
+// produces exactly the values of the separate kernels (same accumulation order, same roundings).
+#pragma once
+#include "kiln/backend/cuda/common.cuh"
+
+namespace kiln::backend::cuda {
+
+// Threads per block of the one-block-per-row kernels. The rms kernels must agree on it: the
+// block's sum of squares depends on how the row is split over threads.
+inline int row_threads(int64_t cols) { return cols >= 1024 ? 256 : cols >= 256 ? 128 : 64; }
+
+// ss + v², the per-thread sum of squares (an explicit fma so that every kernel rounds alike).
+__device__ __forceinline__ float sq_acc(float ss, float v) { return fmaf(v, v, ss); }
+
+// The block-wide sum of every thread's `v` (blockDim.x a multiple of 32, at most 1024), in a fixed
+// order: warp shuffles, then warp 0 over the warps' partials. Every thread gets the sum.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float p = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+    p = warp_sum(p);
+    if (threadIdx.x == 0) part[0] = p;
+  }
+  __syncthreads();
+  return part[0];
+}
+
+// y[d] = x[d] * rsqrt(ss / dim + eps) * (w[d] or 1 + w[d]) for this thread's d (threadIdx.x
+// strided), ss the row's sum of squares. Each thread reads back only the x it accumulated, so y
+// may alias x.
+template <typename XT, typename WT, typename YT>
+__device__ __forceinline__ void rms_norm_store(const XT* xr, const WT* w, float ss, float eps, bool one_plus,
+                                               int64_t dim, YT* yr) {
+  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    float wv = to_f(w[d]);
+    if (one_plus) wv += 1.0f;
+    yr[d] = from_f<YT>((to_f(xr[d]) * inv) * wv);
+  }
+}
+
+// The rotate_half RoPE of the pair (v[i], v[i + half]) at position p: the angle p * inv_freq[i] is
+// rounded to f32 as HF does; sincosf keeps full range reduction (no fast math), so large
+// positions stay exact; cos/sin are scaled by attn_factor (yarn). Results rounded once to T.
+template <typename T>
+__device__ __forceinline__ void rope_pair(const T* v, int64_t i, int64_t half, float p, const float* inv_freq,
+                                          float attn_factor, T& lo, T& hi) {
+  float s, c;
+  sincosf(p * inv_freq[i], &s, &c);
+  c *= attn_factor;
+  s *= attn_factor;
+  const float a = to_f(v[i]), b = to_f(v[i + half]);
+  lo = from_f<T>(fmaf(a, c, -(b * s)));
+  hi = from_f<T>(fmaf(b, c, a * s));
+}
+
+}  // namespace kiln::backend::cuda
