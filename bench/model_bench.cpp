@@ -79,10 +79,16 @@ int main(int argc, char** argv) {
     batch = pe.batch, prefill = pe.prefill, decode = pe.decode;
     prefill = std::min(prefill, c.max_position_embeddings - decode - 1);
     double best_prefill = 1e30, best_decode = 1e30;
+#ifdef KILN_HAVE_CUDA
+    auto* cb = dynamic_cast<backend::cuda::CudaBackend*>(m->backend.get());
+    const backend::cuda::CudaStats st0 = cb ? cb->stats() : backend::cuda::CudaStats{};
+#endif
     for (int rep = 0; rep < repeat; ++rep) {
       engine::EngineConfig ec;
       ec.scheduler.max_seqs = batch;
-      ec.scheduler.max_batch_tokens = std::max(prefill, batch);
+      // Every prompt fits one step, so all sequences start decoding together: the decode phase is a
+      // steady batch of `batch` sequences (as the PyTorch peers run it), not a staggered one.
+      ec.scheduler.max_batch_tokens = std::max(prefill * batch, batch);
       ec.n_blocks = batch * ((prefill + decode) / ec.block_size + 2);
       engine::Engine eng(*m->model, ec);
       for (int s = 0; s < batch; ++s) {
@@ -113,6 +119,15 @@ int main(int argc, char** argv) {
               {"weight_bytes_per_step", wb},
               {"kv_bytes_per_token", kv},
               {"bytes_per_decode_step", wb + batch * kv}};
+#ifdef KILN_HAVE_CUDA
+    if (cb) {  // over this entry's runs: graph use, and allocations outside the arena (should stay 0 when warm)
+      const backend::cuda::CudaStats& st = cb->stats();
+      j["graph_captures"] = st.graph_captures - st0.graph_captures;
+      j["graph_replays"] = st.graph_replays - st0.graph_replays;
+      j["device_mallocs"] = st.device_mallocs - st0.device_mallocs;
+      j["arena_overflows"] = st.arena_overflows - st0.arena_overflows;
+    }
+#endif
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
     }

@@ -8,9 +8,11 @@
 #   tests  every GPU test (ctest label `gpu`): backend-ops parity (dense and quantized; 4-bit both on
 #          the tensor-core GEMV and, with KILN_CUDA_QGEMV=ffma, the CUDA-core one), every model's
 #          greedy tokens (float and quantized), engine graphs/allocations, device sampling
-#   perf   kiln alone on llama-3-8b (`kiln synth` bf16 + `kiln convert -q --q-bits 4
-#          --q-group-size 64`, made in the background): the GEMV micro-benchmark, batch 1/8/128 decode
-#          and prefill at 2048 for bf16 and 4-bit, per-op profiles of a decode step at batch 1 and 128
+#   perf   llama-3-8b (`kiln synth` bf16 + `kiln convert -q --q-bits 4 --q-group-size 64`, made in the
+#          background): the GEMV micro-benchmark, prefill at 2048 and decode at batch 1-128 (bf16) and
+#          1/8 (4-bit) with graph/allocation counts, per-op profiles (batch 1 bf16 and 4-bit, batch 128
+#          decode, prefill 2048), and the CUDA-graph PyTorch peer in the same run
+#   all    tests, then perf
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the PyTorch peers in the same run
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +32,7 @@ t0=$(date +%s)
 el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 status=0
-if [ "$what" = perf ]; then  # CPU-bound preparation in the background while the GEMV benchmark runs
+if [ "$what" = perf ] || [ "$what" = all ]; then  # CPU-bound preparation in the background while the GEMV benchmark runs
   mkdir -p "$M"
   ( kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b" --dtype bf16 --force &&
     el "synth done" &&
@@ -38,7 +40,7 @@ if [ "$what" = perf ]; then  # CPU-bound preparation in the background while the
       --q-group-size 64 --force && el "convert done" ) > "$OUT/prepare.log" 2>&1 &
   prep=$!
 fi
-if [ "$what" = tests ]; then
+if [ "$what" = tests ] || [ "$what" = all ]; then
   for t in cuda_ops_test cuda_qops_test "ffma cuda_qops_test" cuda_models_test cuda_quantized_model_test \
            cuda_engine_test cuda_sampling_test; do
     el "=== $t"
@@ -49,9 +51,9 @@ if [ "$what" = tests ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
-if [ "$what" = perf ]; then
+if [ "$what" = perf ] || [ "$what" = all ]; then
   el "=== cuda_qgemv_bench (one decode step's projections)"
-  for b in "16 1" "4 1" "4 8"; do
+  for b in "16 1" "4 1" "4 8" "16 128"; do
     set -- $b
     kl timeout 90 "$X/bin/cuda_qgemv_bench" --reps 20 --bits $1 --batch $2 > "$OUT/qgemv_$1_$2.txt" 2>&1 || status=1
     grep -v '^{' "$OUT/qgemv_$1_$2.txt" | grep -E "^\| "
@@ -60,19 +62,25 @@ if [ "$what" = perf ]; then
   wait $prep || { echo "synth/convert failed"; status=1; }
   tr '\r' '\n' < "$OUT/prepare.log" | grep -v "^\s*$" | tail -n 3
   : > "$OUT/model_bench.jsonl"
-  for m in llama-3-8b llama-3-8b-q4; do
-    el "=== model_bench $m"
-    [ -f "$M/$m/config.json" ] || continue
-    kl timeout 150 "$X/bin/model_bench" --device cuda --model "$M/$m" --repeat 2 \
-      --plan "1:2048:2,1:128:129,8:128:65,128:128:33" 2>"$OUT/mb_$m.err" | tee -a "$OUT/model_bench.jsonl" || status=1
+  for mp in "llama-3-8b 1:2048:2,1:128:257,8:128:129,32:128:129,64:128:129,128:128:129" \
+            "llama-3-8b-q4 1:2048:2,1:128:257,8:128:129"; do
+    set -- $mp
+    el "=== model_bench $1"
+    [ -f "$M/$1/config.json" ] || continue
+    kl timeout 200 "$X/bin/model_bench" --device cuda --model "$M/$1" --repeat 2 --plan "$2" 2>"$OUT/mb_$1.err" |
+      tee -a "$OUT/model_bench.jsonl" || status=1
   done
-  for p in "llama-3-8b 1:128:33" "llama-3-8b-q4 1:128:33" "llama-3-8b 128:128:9" "llama-3-8b 1:2048:1"; do
+  for p in "llama-3-8b 1:128:33" "llama-3-8b-q4 1:128:33" "llama-3-8b 128:1:33" "llama-3-8b 1:2048:1"; do
     set -- $p
     el "=== profile $1 $2 (graphs off, events around each op)"
     KILN_CUDA_PROFILE=1 kl timeout 90 "$X/bin/model_bench" --device cuda --model "$M/$1" --repeat 1 --plan "$2" \
-      > /dev/null 2> "$OUT/profile_$1_${2%%:*}.txt"
-    grep -E "%" "$OUT/profile_$1_${2%%:*}.txt" | tail -n 24
+      > /dev/null 2> "$OUT/profile_$1_${2//:/_}.txt"
+    grep -E "%" "$OUT/profile_$1_${2//:/_}.txt" | tail -n 24
   done
+  el "=== PyTorch CUDA-graph peer, llama-3-8b"
+  ( cd "$OUT" && timeout 240 python3 "$KILN_SHARED_DIR/bench/peer_torch_graph.py" llama-3-8b > peer_graph.log 2>&1 ) ||
+    echo "peer_torch_graph failed"
+  tail -n 12 "$OUT/peer_graph.log"
 fi
 if [ "$what" = bench ]; then
   # All raw files in /tmp/bench; the ones that matter come back in $OUT (the tool's limit).

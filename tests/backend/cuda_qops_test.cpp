@@ -177,7 +177,7 @@ TEST_F(CudaQOps, MatmulMultiFourBit) {
       const int64_t outs[3] = {520, 136, 9};
       Weight w[3];
       for (int i = 0; i < 3; ++i) {
-        w[i] = random_qweight(rng, outs[i], in, 4, gs, i == 2 ? DType::f16 : DType::bf16);
+        w[i] = random_qweight(rng, outs[i], in, 4, gs, gs == 128 ? DType::f16 : DType::bf16);
         if (i != 1) w[i].bias = rng.tensor(DType::bf16, {outs[i]}, 0.5f);
       }
       Tensor x = act(rng, {n, in});

@@ -151,6 +151,27 @@ static void add_device_row(Sequence& s, int row, std::vector<backend::SamplePara
   for (auto& [id, a] : touched) adjust.push_back(a);
 }
 
+// GPU decode steps replay CUDA graphs keyed by the batch shape. So that a batch that shrinks or
+// grows by one sequence at a time reuses a few graphs instead of capturing one per size, a decode-only
+// batch (one token and one logit row per sequence) is padded to the next bucket: 1, 2, 4, then
+// multiples of 8. A pad row is its own empty sequence: token 0 at position 0, KV slot -1 (not
+// written), block table row 0 (it reads a valid block), greedy; its output row is ignored.
+static void pad_decode_batch(model::Batch& b) {
+  const int n = b.n_tokens();
+  if (n == 0 || n != b.n_seqs || static_cast<int>(b.logit_rows.size()) != n) return;
+  const int bucket = n <= 4 ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(n))) : (n + 7) / 8 * 8;
+  for (int i = n; i < bucket; ++i) {
+    b.tokens.push_back(0);
+    b.positions.push_back(0);
+    b.token_seq.push_back(i);
+    b.slots.push_back(-1);
+    b.logit_rows.push_back(i);
+    if (!b.sample_params.empty()) b.sample_params.push_back({});
+  }
+  b.n_seqs = bucket;
+  b.block_tables.resize(static_cast<size_t>(bucket) * b.max_blocks, 0);
+}
+
 int Engine::step() {
   auto chunks = scheduler_.schedule();
   if (chunks.empty()) return 0;
@@ -193,6 +214,10 @@ int Engine::step() {
     for (size_t ci = 0; ci < chunks.size(); ++ci)
       if (chunks[ci].wants_logits) add_device_row(*chunks[ci].seq, first_row[ci], b.sample_params, b.sample_adjust);
   }
+  const int n_real_tokens = b.n_tokens();
+  if (cfg_.pad_decode == EngineConfig::PadDecode::on ||
+      (cfg_.pad_decode == EngineConfig::PadDecode::automatic && model_.backend().device() == Device::cuda))
+    pad_decode_batch(b);
   Tensor logits = model_.forward(b, cache_);  // [n_out, vocab] host f32 (returns_ids(): i32 ids [n_out])
   const int32_t* greedy_ids = b.returns_ids() ? logits.ptr<int32_t>() : nullptr;
   const int64_t vocab = b.returns_ids() ? 0 : logits.dim(1);
@@ -249,7 +274,7 @@ int Engine::step() {
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   (any_prefill ? stats_.prefill_seconds : stats_.decode_seconds) += dt;
   ++stats_.steps;
-  return b.n_tokens();
+  return n_real_tokens;
 }
 
 }  // namespace kiln::engine

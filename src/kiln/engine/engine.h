@@ -26,6 +26,9 @@ struct EngineConfig {
   // GPU: the fraction of the device's total memory the process may use (weights, activations
   // and the KV pool, which is capped to fit); 0 = no device budget. kv_cache_bytes overrides it.
   double gpu_memory_utilization = 0.0;
+  // Decode-only batches padded to a bucket (1, 2, 4, then multiples of 8) with inert rows, so CUDA
+  // graphs are captured per bucket rather than per batch size. Default: on the GPU only.
+  enum class PadDecode { automatic, on, off } pad_decode = PadDecode::automatic;
 };
 
 struct EngineStats {

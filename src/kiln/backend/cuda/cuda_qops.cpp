@@ -69,7 +69,8 @@ struct QCall {
 QCall check_quantized_matmul(CudaBackend::Impl& im, const Tensor& x, const Weight& w, const Tensor& y) {
   require_dev_act(x, "matmul", "x");
   require_dev_act(y, "matmul", "y");
-  QCall c{resident_quantized(im, w, "matmul")};
+  QCall c;
+  c.q = resident_quantized(im, w, "matmul");
   const int64_t out = c.q.args.out, in = c.q.args.in, n = x.rows();
   if (x.cols() != in)
     fail("cuda", "matmul: x {} does not match a quantized weight of {} inputs", shape_str(x.shape), in);
@@ -100,8 +101,8 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
   const int64_t n = x.rows();
   if (ws.size() > static_cast<size_t>(kQMultiMax) || !qgemv_use_mma() || n == 0 || n > qgemv_max_tokens(4))
     return false;
-  for (const Weight* w : ws)
-    if (!w->quantized() || w->bits != 4) return false;
+  for (const Weight* w : ws)  // one kernel instance: every matrix 4-bit with the first one's scale dtype
+    if (!w->quantized() || w->bits != 4 || w->scales.dtype != ws[0]->scales.dtype) return false;
   QMulti m{};
   for (size_t i = 0; i < ws.size(); ++i) {
     QCall c = check_quantized_matmul(im, x, *ws[i], *ys[i]);

@@ -279,17 +279,19 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
 // (2t, 2t+1, 2t+8, 2t+9) hold codes (8ww+2h, 8ww+2h+4, 8ww+2h+1, 8ww+2h+5), so an A register is
 //   ((w >> 8h) & 0x000F000F) | 0x43004300 = bf16x2 (128 + q_i, 128 + q_{i+4})    (exact)
 // minus 128 (exact), times scale plus bias in one bf16x2 FMA (the dequantized weight, rounded once to
-// bf16 as MLX's bf16 models hold it); B registers are byte permutes of the x load. Each MMA sums over
-// four units of possibly different groups, which is why the scale is applied before it. All of a
-// round's weight words, scales and biases are requested before the first MMA (kTcSU SUs: 256 B per
-// lane in flight); the 8 warps' partial sums meet in shared memory.
+// bf16 as MLX's bf16 models hold it); B registers are byte permutes of x. Each MMA sums over four
+// units of possibly different groups, which is why the scale is applied before it.
+// Latency: a round of kTcSU SUs requests all its weight words, scales and biases, and the warp copies
+// the round's x (every token of the pass) into its slice of shared memory, before the first MMA; the
+// MMAs then read x from shared memory, so no global load sits between them. The 8 warps' partial
+// sums meet in shared memory.
 constexpr int kTcWarps = 8;
 constexpr int kTcSU = 4;
+constexpr int kTcRoundCodes = kTcSU * 128;  // x values per token a warp stages per round
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -311,9 +313,12 @@ __device__ __forceinline__ uint32_t deq_pair(uint32_t w, int i, __nv_bfloat162 s
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// grid (total 16-row tiles of all matrices, ceil(n / 8)); block kTcWarps * 32.
+// grid (total 16-row tiles of all matrices, ceil(n / 8)); block kTcWarps * 32; dynamic shared memory
+// kTcWarps * NT * kTcRoundCodes bf16 (NT = tokens per pass, min(n, 8)). ST: the scales' C++ type.
+template <typename ST>
 __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
-                                                                  QMulti m) {
+                                                                  int nt_max, QMulti m) {
+  extern __shared__ uint4 xs_all[];  // [warp][token][kTcRoundCodes / 8] x as 16-byte vectors
   __shared__ float red[kTcWarps][16][8];
   int mi = 0;  // the matrix of this tile
   while (mi + 1 < m.count && static_cast<int64_t>(blockIdx.x) >= m.tiles[mi + 1]) ++mi;
@@ -326,13 +331,16 @@ __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfl
   const int gshift = q.group_size == 32 ? 0 : (q.group_size == 64 ? 1 : 2);  // unit -> group: u >> gshift
   const int64_t row_lo = tile * 16 + g < q.out ? tile * 16 + g : q.out - 1;  // past-the-end rows: not stored
   const int64_t row_hi = tile * 16 + g + 8 < q.out ? tile * 16 + g + 8 : q.out - 1;
-  const uint4* w_lo = reinterpret_cast<const uint4*>(q.w) + row_lo * U + t;  // a unit is one uint4
-  const uint4* w_hi = reinterpret_cast<const uint4*>(q.w) + row_hi * U + t;
+  const uint4* w_lo = reinterpret_cast<const uint4*>(q.w) + row_lo * U;  // a unit is one uint4
+  const uint4* w_hi = reinterpret_cast<const uint4*>(q.w) + row_hi * U;
+  const ST* sc = static_cast<const ST*>(q.scales);
+  const ST* bi = static_cast<const ST*>(q.biases);
   const bool has_x = g < nt;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + (t0 + (has_x ? g : 0)) * q.in) + 4 * t;  // 8 x per uint4
+  uint4* xs = xs_all + warp * nt_max * (kTcRoundCodes / 8);
+  const uint4* xg = reinterpret_cast<const uint4*>(x + t0 * q.in);  // this pass's tokens, 8 x per uint4
   const int64_t s_begin = warp * S / kTcWarps, s_end = (warp + 1) * S / kTcWarps;
 
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two MMA chains
   for (int64_t s0 = s_begin; s0 < s_end; s0 += kTcSU) {
     uint4 wl[kTcSU], wh[kTcSU];
     float sl[kTcSU], bl[kTcSU], sh[kTcSU], bh[kTcSU];
@@ -340,41 +348,45 @@ __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfl
     for (int k = 0; k < kTcSU; ++k) {
       const int64_t u = 4 * (s0 + k < s_end ? s0 + k : s_end - 1) + t;  // this lane's unit
       const int64_t uc = u < U ? u : U - 1;  // units past the row end: loaded, weighted 0
-      wl[k] = ld_stream(w_lo + (uc - t));
-      wh[k] = ld_stream(w_hi + (uc - t));
+      wl[k] = ld_stream(w_lo + uc);
+      wh[k] = ld_stream(w_hi + uc);
       const int64_t grp = uc >> gshift;
-      sl[k] = load_s(q.scales, q.sdt, row_lo * n_groups + grp);
-      bl[k] = load_s(q.biases, q.sdt, row_lo * n_groups + grp);
-      sh[k] = load_s(q.scales, q.sdt, row_hi * n_groups + grp);
-      bh[k] = load_s(q.biases, q.sdt, row_hi * n_groups + grp);
+      sl[k] = to_f(sc[row_lo * n_groups + grp]);
+      bl[k] = to_f(bi[row_lo * n_groups + grp]);
+      sh[k] = to_f(sc[row_hi * n_groups + grp]);
+      bh[k] = to_f(bi[row_hi * n_groups + grp]);
       if (u >= U) sl[k] = bl[k] = sh[k] = bh[k] = 0.0f;
     }
+    // The round's x: codes [128 s0, 128 (s0 + kTcSU)) of each token (zeros past the row end).
+    __syncwarp();  // the previous round's readers are done
+    for (int i = lane; i < nt * (kTcRoundCodes / 8); i += 32) {
+      const int tok = i / (kTcRoundCodes / 8), v = i % (kTcRoundCodes / 8);
+      const int64_t col = 16 * s0 + v;  // 16-byte vector index within the token's row
+      xs[i] = col < q.in / 8 ? __ldg(xg + tok * (q.in / 8) + col) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    __syncwarp();
 #pragma unroll
     for (int k = 0; k < kTcSU; ++k) {
-      const int64_t s = s0 + k;
-      if (s >= s_end) break;
-      const bool unit_ok = 4 * s + t < U;
+      if (s0 + k >= s_end) break;
       const __nv_bfloat162 Sl = __float2bfloat162_rn(sl[k]), Bl = __float2bfloat162_rn(bl[k]);
       const __nv_bfloat162 Sh = __float2bfloat162_rn(sh[k]), Bh = __float2bfloat162_rn(bh[k]);
       const uint32_t lo[4] = {wl[k].x, wl[k].y, wl[k].z, wl[k].w}, hi[4] = {wh[k].x, wh[k].y, wh[k].z, wh[k].w};
+      const uint4* xk = xs + (has_x ? g : 0) * (kTcRoundCodes / 8) + k * 16 + t * 4;  // unit 4(s0+k)+t of token g
 #pragma unroll
       for (int ww = 0; ww < 4; ++ww) {
-        const uint4 xv = has_x && unit_ok ? __ldg(xr + 16 * s + ww) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t xa = h ? xv.y : xv.x, xb = h ? xv.w : xv.z;
-          mma_bf16(c, deq_pair(lo[ww], 2 * h, Sl, Bl), deq_pair(hi[ww], 2 * h, Sh, Bh),
-                   deq_pair(lo[ww], 2 * h + 1, Sl, Bl), deq_pair(hi[ww], 2 * h + 1, Sh, Bh),
-                   __byte_perm(xa, xb, 0x5410), __byte_perm(xa, xb, 0x7632));
-        }
+        const uint4 xv = has_x ? xk[ww] : make_uint4(0u, 0u, 0u, 0u);
+        mma_bf16(c0, deq_pair(lo[ww], 0, Sl, Bl), deq_pair(hi[ww], 0, Sh, Bh), deq_pair(lo[ww], 1, Sl, Bl),
+                 deq_pair(hi[ww], 1, Sh, Bh), __byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632));
+        mma_bf16(c1, deq_pair(lo[ww], 2, Sl, Bl), deq_pair(hi[ww], 2, Sh, Bh), deq_pair(lo[ww], 3, Sl, Bl),
+                 deq_pair(hi[ww], 3, Sh, Bh), __byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632));
       }
     }
   }
   // C fragment: c[0..1] row g, tokens 2t, 2t+1; c[2..3] row g + 8.
-  red[warp][g][2 * t] = c[0];
-  red[warp][g][2 * t + 1] = c[1];
-  red[warp][g + 8][2 * t] = c[2];
-  red[warp][g + 8][2 * t + 1] = c[3];
+  red[warp][g][2 * t] = c0[0] + c1[0];
+  red[warp][g][2 * t + 1] = c0[1] + c1[1];
+  red[warp][g + 8][2 * t] = c0[2] + c1[2];
+  red[warp][g + 8][2 * t + 1] = c0[3] + c1[3];
   __syncthreads();
   if (threadIdx.x < 128) {
     const int r = threadIdx.x >> 3, tok = threadIdx.x & 7;
@@ -422,7 +434,18 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t 
     for (int i = 0; i < m.count; ++i)
       mm.y[i] = static_cast<char*>(m.y[i]) + t0 * m.w[i].out * (m.yt[i] == Dt::f32 ? 4 : 2);
     dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>((nn + 7) / 8));
-    qgemv4_tc_kernel<<<grid, kTcWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(x) + t0 * m.w[0].in, nn, mm);
+    const int nt_max = static_cast<int>(nn < 8 ? nn : 8);
+    const size_t smem = sizeof(uint16_t) * kTcWarps * nt_max * kTcRoundCodes;  // 8 KB per token of a pass
+    const auto* xp = static_cast<const __nv_bfloat16*>(x) + t0 * m.w[0].in;
+    dispatch(m.w[0].sdt, [&]<typename ST>() {
+      static bool raised = false;  // 8 tokens need 64 KB: opt in above the 48 KB default, once per type
+      if (!raised) {
+        cudaFuncSetAttribute(qgemv4_tc_kernel<ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sizeof(uint16_t) * kTcWarps * 8 * kTcRoundCodes));
+        raised = true;
+      }
+      qgemv4_tc_kernel<ST><<<grid, kTcWarps * 32, smem, s>>>(xp, nn, nt_max, mm);
+    });
   }
   KILN_CUDA_LAUNCH_CHECK("qgemv4_tc");
 }
