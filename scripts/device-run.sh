@@ -5,15 +5,16 @@
 #   .devcarry/bin.tar.xz  kiln, test and bench executables   .devcarry/lib   non-system shared libs
 #   .devcarry/shared  copies of ../shared/models and ../shared/bench
 # Usage (on the device): scripts/device-run.sh MODE   Logs go to $OUT (else /tmp/out). MODE:
-#   tests  every GPU test (ctest label `gpu`): backend-ops parity (dense and quantized; 4-bit both on
-#          the tensor-core GEMV and, with KILN_CUDA_QGEMV=ffma, the CUDA-core one), every model's
-#          greedy tokens (float and quantized), engine graphs/allocations, device sampling
-#   perf   llama-3-8b (`kiln synth` bf16 + `kiln convert -q --q-bits 4 --q-group-size 64`, made in the
-#          background): the GEMV micro-benchmark, prefill at 2048 and decode at batch 1-128 (bf16) and
-#          1/8 (4-bit) with graph/allocation counts, per-op profiles (batch 1 bf16 and 4-bit, batch 128
-#          decode, prefill 2048), and the CUDA-graph PyTorch peer in the same run
-#   all    tests, then perf
-#   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the PyTorch peers in the same run
+#   tests  every GPU test (ctest label `gpu`): backend-ops parity (dense and quantized; 4-bit on each GEMV
+#          variant: KILN_CUDA_QGEMV unset / round / ffma), every model's greedy tokens (float and
+#          quantized), engine graphs/allocations, device sampling
+#   micro  the machine's ceilings and the GEMV micro-benchmark (one decode step's projections)
+#   prep   `kiln synth` llama-3-8b and qwen2.5-7b (bf16) and `kiln convert -q --q-bits 4 --q-group-size 64`
+#          of llama-3-8b into $KILN_BENCH_MODELS (default /tmp/kiln-bench-models; kept while the machine is)
+#   perf   on those folders: prefill at 2048 and decode at batch 1-128 (bf16), 1-8 (4-bit), with graph and
+#          allocation counts; per-op profiles; the CUDA-graph PyTorch peer for both shapes in the same run
+#   first  tests + micro + prep (one call);  second  perf (the next call, on the still-warm machine)
+#   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
 cd "$(dirname "$0")/.."
 C=$PWD/.devcarry
@@ -32,43 +33,58 @@ t0=$(date +%s)
 el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 status=0
-if [ "$what" = perf ] || [ "$what" = all ]; then  # CPU-bound preparation in the background while the GEMV benchmark runs
+want() { for w in "$@"; do [ "$what" = "$w" ] && return 0; done; return 1; }
+if want prep first; then  # CPU-bound: in the background while the GPU runs the tests
   mkdir -p "$M"
-  ( kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b" --dtype bf16 --force &&
-    el "synth done" &&
+  ( for sh in llama-3-8b qwen2.5-7b; do
+      [ -f "$M/$sh/config.json" ] || kl "$X/bin/kiln" synth --shape $sh --out "$M/$sh" --dtype bf16 --force
+    done && el "synth done" &&
     kl "$X/bin/kiln" convert --hf-path "$M/llama-3-8b" --mlx-path "$M/llama-3-8b-q4" -q --q-bits 4 \
       --q-group-size 64 --force && el "convert done" ) > "$OUT/prepare.log" 2>&1 &
   prep=$!
 fi
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in cuda_ops_test cuda_qops_test "ffma cuda_qops_test" cuda_models_test cuda_quantized_model_test \
-           cuda_engine_test cuda_sampling_test; do
+if want tests first; then
+  for t in cuda_ops_test cuda_qops_test "round cuda_qops_test" "ffma cuda_qops_test" cuda_models_test \
+           cuda_quantized_model_test "round cuda_quantized_model_test" cuda_engine_test cuda_sampling_test; do
     el "=== $t"
-    env=""; [ "${t%% *}" = ffma ] && { env="KILN_CUDA_QGEMV=ffma"; t=${t#ffma }; }
+    env=""
+    case "${t%% *}" in round|ffma) env="KILN_CUDA_QGEMV=${t%% *}"; t=${t#* } ;; esac
     env $env LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/$t" 2>&1 | tee -a "$OUT/tests.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|error|Expected|Which is|knife-edge|rel-L2|max error|graph replays|chi2" |
       head -n 40
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
-if [ "$what" = perf ] || [ "$what" = all ]; then
+if want micro first; then
+  el "=== cuda_ceiling_bench"
+  kl timeout 60 "$X/bin/cuda_ceiling_bench" | tee "$OUT/ceilings.json" || status=1
+  [ -x "$X/bin/cuda_attn_bench" ] && { el "=== cuda_attn_bench"; kl timeout 90 "$X/bin/cuda_attn_bench" | tee "$OUT/attn_bench.txt"; }
   el "=== cuda_qgemv_bench (one decode step's projections)"
-  for b in "16 1" "4 1" "4 8" "16 128"; do
+  for b in "16 1" "4 1" "4 1 round" "4 4" "4 8" "16 128"; do
     set -- $b
-    kl timeout 90 "$X/bin/cuda_qgemv_bench" --reps 20 --bits $1 --batch $2 > "$OUT/qgemv_$1_$2.txt" 2>&1 || status=1
-    grep -v '^{' "$OUT/qgemv_$1_$2.txt" | grep -E "^\| "
+    env=""; [ -n "${3:-}" ] && env="KILN_CUDA_QGEMV=$3"
+    echo "--- bits $1 batch $2 ${3:-}"
+    env $env LD_LIBRARY_PATH=$KILN_LD_PATH timeout 90 "$X/bin/cuda_qgemv_bench" --reps 20 --bits $1 --batch $2 \
+      > "$OUT/qgemv_$1_$2${3:-}.txt" 2>&1 || status=1
+    grep -v '^{' "$OUT/qgemv_$1_$2${3:-}.txt" | grep -E "^\| "
   done
+fi
+if [ -n "${prep:-}" ]; then
   el "waiting for synth + convert"
   wait $prep || { echo "synth/convert failed"; status=1; }
   tr '\r' '\n' < "$OUT/prepare.log" | grep -v "^\s*$" | tail -n 3
+fi
+if want perf second; then
   : > "$OUT/model_bench.jsonl"
   for mp in "llama-3-8b 1:2048:2,1:128:257,8:128:129,32:128:129,64:128:129,128:128:129" \
-            "llama-3-8b-q4 1:2048:2,1:128:257,8:128:129"; do
+            "qwen2.5-7b 1:2048:2,1:128:257,8:128:129,32:128:129,64:128:129,128:128:129" \
+            "llama-3-8b-q4 1:2048:2,1:128:257,4:128:129,8:128:129" "llama-3-8b-q4 1:128:257 round"; do
     set -- $mp
-    el "=== model_bench $1"
-    [ -f "$M/$1/config.json" ] || continue
-    kl timeout 200 "$X/bin/model_bench" --device cuda --model "$M/$1" --repeat 2 --plan "$2" 2>"$OUT/mb_$1.err" |
-      tee -a "$OUT/model_bench.jsonl" || status=1
+    el "=== model_bench $1 ${3:-}"
+    [ -f "$M/$1/config.json" ] || { echo "missing $M/$1 (run prep first)"; status=1; continue; }
+    env=""; [ -n "${3:-}" ] && env="KILN_CUDA_QGEMV=$3"
+    env $env LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/model_bench" --device cuda --model "$M/$1" --repeat 2 \
+      --plan "$2" 2>"$OUT/mb_$1${3:-}.err" | tee -a "$OUT/model_bench.jsonl" || status=1
   done
   for p in "llama-3-8b 1:128:33" "llama-3-8b-q4 1:128:33" "llama-3-8b 128:1:33" "llama-3-8b 1:2048:1"; do
     set -- $p
@@ -77,10 +93,12 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
       > /dev/null 2> "$OUT/profile_$1_${2//:/_}.txt"
     grep -E "%" "$OUT/profile_$1_${2//:/_}.txt" | tail -n 24
   done
-  el "=== PyTorch CUDA-graph peer, llama-3-8b"
-  ( cd "$OUT" && timeout 240 python3 "$KILN_SHARED_DIR/bench/peer_torch_graph.py" llama-3-8b > peer_graph.log 2>&1 ) ||
-    echo "peer_torch_graph failed"
-  tail -n 12 "$OUT/peer_graph.log"
+  for sh in llama-3-8b qwen2.5-7b; do
+    el "=== PyTorch CUDA-graph peer, $sh"
+    ( cd "$OUT" && timeout 200 python3 "$KILN_SHARED_DIR/bench/peer_torch_graph.py" $sh > "peer_graph_$sh.log" 2>&1 ) ||
+      echo "peer_torch_graph $sh failed"
+    grep -E "copy_GBps|bs[0-9]+_tok_s" "$OUT/peer_graph_$sh.log"
+  done
 fi
 if [ "$what" = bench ]; then
   # All raw files in /tmp/bench; the ones that matter come back in $OUT (the tool's limit).

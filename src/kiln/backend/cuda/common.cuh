@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "kiln/backend/cuda/kernels.h"
 
@@ -52,6 +53,31 @@ void dispatch(Dt dt, F&& f) {
     case Dt::bf16: f.template operator()<__nv_bfloat16>(); break;
     case Dt::f16: f.template operator()<__half>(); break;
   }
+}
+
+// Programmatic dependent launch (Hopper): a kernel started with launch_pdl may begin while the
+// previous kernel of the stream is still finishing, so a decode step's ~300 short kernels overlap
+// their launch and DRAM ramp-up with their predecessor's tail. Such a kernel calls pdl_trigger()
+// early (the next PDL kernel may then be scheduled) and pdl_wait() before it reads anything an
+// earlier kernel wrote and before it writes anything (buffers are reused across ops); only reads of
+// weights may come before pdl_wait(). pdl_wait() waits for the previous grid's completion and memory
+// flush; without a programmatic dependency (a plain launch, another predecessor) it returns at once.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {

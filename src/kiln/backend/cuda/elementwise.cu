@@ -68,6 +68,8 @@ __device__ __forceinline__ float act_f(float g, int act) {
 
 template <typename T>
 __global__ void gated_act_kernel(const T* g, const T* u, int act, int64_t n, T* o) {
+  pdl_trigger();
+  pdl_wait();  // between two GEMVs launched with launch_pdl
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     o[i] = from_f<T>(act_f(to_f(g[i]), act) * to_f(u[i]));
 }
@@ -204,8 +206,8 @@ void launch_kv_write(const void* k, const void* v, Dt kt, int64_t n, int64_t wid
 void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s) {
   if (n == 0) return;
   dispatch(t, [&]<typename T>() {
-    gated_act_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<const T*>(gate),
-                                                                   static_cast<const T*>(up), act, n, static_cast<T*>(out));
+    launch_pdl(gated_act_kernel<T>, grid_for(n, kThreads), kThreads, 0, s, static_cast<const T*>(gate),
+               static_cast<const T*>(up), act, n, static_cast<T*>(out));
   });
   KILN_CUDA_LAUNCH_CHECK("gated_act");
 }

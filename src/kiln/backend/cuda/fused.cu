@@ -14,6 +14,8 @@ namespace {
 // so y may alias x or delta.
 template <typename XT, typename WT>
 __global__ void add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y) {
+  pdl_trigger();
+  pdl_wait();  // x and delta come from earlier kernels (launched with launch_pdl)
   const int64_t r = blockIdx.x;
   XT* xr = x + r * dim;
   const XT* dr = delta + r * dim;
@@ -34,6 +36,8 @@ __global__ void add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float e
 // SMs instead of queueing on one. No item reads what another writes.
 template <typename T>
 __global__ void rope_kv_write_kernel(RopeKvArgs a) {
+  pdl_trigger();
+  pdl_wait();  // q, k, v come from the GEMV before (launched with launch_pdl)
   const int64_t t = blockIdx.x, y = blockIdx.y;
   const int64_t hd = a.head_dim, half = a.half, width = a.n_kv_heads * hd;
   const float p = static_cast<float>(a.pos[t]);
@@ -83,9 +87,8 @@ void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt
   if (rows == 0) return;
   dispatch(xt, [&]<typename XT>() {
     dispatch(wt, [&]<typename WT>() {
-      add_rms_norm_kernel<XT, WT><<<rows, row_threads(dim), 0, s>>>(static_cast<XT*>(x), static_cast<const XT*>(delta),
-                                                                    static_cast<const WT*>(w), eps, one_plus_w, dim,
-                                                                    static_cast<XT*>(y));
+      launch_pdl(add_rms_norm_kernel<XT, WT>, static_cast<unsigned>(rows), row_threads(dim), 0, s, static_cast<XT*>(x),
+                 static_cast<const XT*>(delta), static_cast<const WT*>(w), eps, one_plus_w, dim, static_cast<XT*>(y));
     });
   });
   KILN_CUDA_LAUNCH_CHECK("add_rms_norm");
@@ -95,7 +98,7 @@ void launch_rope_kv_write(const RopeKvArgs& a, Dt t, cudaStream_t s) {
   if (a.n_tokens == 0 || a.n_heads + a.n_kv_heads == 0) return;
   const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_heads + a.n_kv_heads));
   const int threads = a.head_dim > 256 ? 128 : 64;  // about one pair or element per thread
-  dispatch(t, [&]<typename T>() { rope_kv_write_kernel<T><<<grid, threads, 0, s>>>(a); });
+  dispatch(t, [&]<typename T>() { launch_pdl(rope_kv_write_kernel<T>, grid, threads, 0, s, a); });
   KILN_CUDA_LAUNCH_CHECK("rope_kv_write");
 }
 

@@ -61,6 +61,7 @@ __device__ __forceinline__ void gemv_fast_row(const __nv_bfloat16* __restrict__ 
     uint4 wv[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) wv[u] = ld_stream(wr + b + lane + 32 * u);
+    pdl_wait();  // x is the previous kernel's output (the weights above are not)
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const uint4 xv = __ldg(xr + b + lane + 32 * u);
@@ -76,6 +77,7 @@ __device__ __forceinline__ void gemv_fast_row(const __nv_bfloat16* __restrict__ 
       const int64_t v = b + lane + 32 * u;
       wv[u] = v < nvec ? ld_stream(wr + v) : zero;
     }
+    pdl_wait();
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t v = b + lane + 32 * u;
@@ -101,6 +103,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) gemv_bf16_fast_kernel(const _
                                                                          const __nv_bfloat16* __restrict__ w,
                                                                          int64_t out, const void* bias, Dt bt,
                                                                          void* y, Dt yt) {
+  pdl_trigger();
   const int64_t r = int64_t{blockIdx.x} * kFastWarps + (threadIdx.x >> 5);
   if (r >= out) return;  // warp-uniform
   gemv_fast_row(x, in, w, r, bias, bt, y, yt);
@@ -116,6 +119,7 @@ struct MultiArgs {
 
 __global__ void __launch_bounds__(kFastWarps * 32) gemv_bf16_fast_multi_kernel(const __nv_bfloat16* __restrict__ x,
                                                                                int64_t in, const MultiArgs a) {
+  pdl_trigger();
   int i = 0;
   while (i + 1 < a.m.count && blockIdx.x >= a.block_start[i + 1]) ++i;
   const int64_t r = int64_t{blockIdx.x - a.block_start[i]} * kFastWarps + (threadIdx.x >> 5);
@@ -145,8 +149,8 @@ void launch_gemv_fast(const void* x, int64_t in, const void* w, int64_t out, con
                       cudaStream_t s) {
   if (out == 0) return;
   const unsigned grid = static_cast<unsigned>((out + kFastWarps - 1) / kFastWarps);
-  gemv_bf16_fast_kernel<<<grid, kFastWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(x), in,
-                                                         static_cast<const __nv_bfloat16*>(w), out, bias, bt, y, yt);
+  launch_pdl(gemv_bf16_fast_kernel, grid, kFastWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), in,
+             static_cast<const __nv_bfloat16*>(w), out, bias, bt, y, yt);
   KILN_CUDA_LAUNCH_CHECK("gemv_fast");
 }
 
@@ -159,7 +163,7 @@ void launch_gemv_fast_multi(const void* x, int64_t in, const GemvFastMulti& m, c
   }
   a.block_start[m.count] = blocks;
   if (blocks == 0) return;
-  gemv_bf16_fast_multi_kernel<<<blocks, kFastWarps * 32, 0, s>>>(static_cast<const __nv_bfloat16*>(x), in, a);
+  launch_pdl(gemv_bf16_fast_multi_kernel, blocks, kFastWarps * 32, 0, s, static_cast<const __nv_bfloat16*>(x), in, a);
   KILN_CUDA_LAUNCH_CHECK("gemv_fast_multi");
 }
 

@@ -320,6 +320,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfl
                                                                   int nt_max, QMulti m) {
   extern __shared__ uint4 xs_all[];  // [warp][token][kTcRoundCodes / 8] x as 16-byte vectors
   __shared__ float red[kTcWarps][16][8];
+  pdl_trigger();
   int mi = 0;  // the matrix of this tile
   while (mi + 1 < m.count && static_cast<int64_t>(blockIdx.x) >= m.tiles[mi + 1]) ++mi;
   const QWeightArgs q = m.w[mi];
@@ -358,6 +359,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfl
       if (u >= U) sl[k] = bl[k] = sh[k] = bh[k] = 0.0f;
     }
     // The round's x: codes [128 s0, 128 (s0 + kTcSU)) of each token (zeros past the row end).
+    pdl_wait();    // x is the previous kernel's output (the loads above read weights only)
     __syncwarp();  // the previous round's readers are done
     for (int i = lane; i < nt * (kTcRoundCodes / 8); i += 32) {
       const int tok = i / (kTcRoundCodes / 8), v = i % (kTcRoundCodes / 8);
@@ -382,6 +384,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfl
       }
     }
   }
+  pdl_wait();  // before any store (warps without a K range have not waited yet)
   // C fragment: c[0..1] row g, tokens 2t, 2t+1; c[2..3] row g + 8.
   red[warp][g][2 * t] = c0[0] + c1[0];
   red[warp][g][2 * t + 1] = c0[1] + c1[1];
@@ -398,6 +401,171 @@ __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfl
       if (m.bias[mi]) v += load_s(m.bias[mi], m.bt[mi], row);
       store_s(m.y[mi], m.yt[mi], (t0 + tok) * q.out + row, v);
     }
+  }
+}
+
+// ---- The same 4-bit tensor-core GEMV for 1-4 tokens, software-pipelined: weights and x reach shared
+// memory through cp.async in a ring of kPipeStages stages (kTcSU super-units each), so a warp always has
+// the next stages' loads in flight while it computes one (the kernel above issues a round, waits, then
+// computes, leaving DRAM idle in between). A block of kPipeWarps warps owns TB = kPipeWarps / KC 16-row
+// tiles, each split over KC warps along K (KC chosen on the host so that a warp has ~4 stages); lane
+// (g, t) copies exactly the weight words it later reads (so only x needs a warp barrier). Scales and
+// biases are plain loads issued with their stage into a register ring. Per SU the math is the kernel
+// above's (dequantize in A, x in B, tokens in B's columns).
+constexpr int kPipeWarps = 4;
+constexpr int kPipeStages = 3;
+constexpr int kPipeTokens = 4;  // tokens per pass (x staging grows with them)
+constexpr int kPipeWVec = 2 * kTcSU * 32;        // uint4 weight slots per warp stage: [SU][row half][lane]
+constexpr int kPipeXVec = kTcRoundCodes / 8;     // uint4 of x per token per stage
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {  // zero-fills when !valid
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// grid (ceil(total tiles / TB), ceil(n / kPipeTokens)); block kPipeWarps * 32; dynamic shared memory
+// kPipeWarps * kPipeStages * (kPipeWVec + P * kPipeXVec) uint4 (P = tokens per pass, min(n, 4)).
+template <typename ST>
+__global__ void __launch_bounds__(kPipeWarps * 32) qgemv4_pipe_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
+                                                                      int p_max, int kc_log2, QMulti m) {
+  extern __shared__ uint4 ring_all[];
+  __shared__ float red[kPipeWarps][16][kPipeTokens];
+  pdl_trigger();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int KC = 1 << kc_log2, TB = kPipeWarps >> kc_log2;
+  const int64_t gtile = int64_t{blockIdx.x} * TB + (warp >> kc_log2);  // this warp's tile over all matrices
+  const int chunk = warp & (KC - 1);
+  const int64_t t0 = int64_t{blockIdx.y} * kPipeTokens;
+  const int nt = static_cast<int>(n - t0 < kPipeTokens ? n - t0 : kPipeTokens);
+  const int stage_vec = kPipeWVec + p_max * kPipeXVec;
+  uint4* ring = ring_all + warp * kPipeStages * stage_vec;
+
+  float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (gtile < m.tiles[m.count]) {  // warp-uniform; idle warps still meet the block barrier below
+    int mi = 0;
+    while (mi + 1 < m.count && gtile >= m.tiles[mi + 1]) ++mi;
+    const QWeightArgs q = m.w[mi];
+    const int64_t tile = gtile - m.tiles[mi];
+    const int64_t U = q.in / 32, n_groups = q.in / q.group_size, S = (U + 3) / 4;
+    const int gshift = q.group_size == 32 ? 0 : (q.group_size == 64 ? 1 : 2);
+    const int64_t row_lo = tile * 16 + g < q.out ? tile * 16 + g : q.out - 1;
+    const int64_t row_hi = tile * 16 + g + 8 < q.out ? tile * 16 + g + 8 : q.out - 1;
+    const uint4* w_lo = reinterpret_cast<const uint4*>(q.w) + row_lo * U;
+    const uint4* w_hi = reinterpret_cast<const uint4*>(q.w) + row_hi * U;
+    const ST* sc = static_cast<const ST*>(q.scales);
+    const ST* bi = static_cast<const ST*>(q.biases);
+    const uint4* xg = reinterpret_cast<const uint4*>(x + t0 * q.in);
+    const int64_t s_begin = chunk * S / KC, s_end = (chunk + 1) * S / KC;
+    const int n_stages = static_cast<int>((s_end - s_begin + kTcSU - 1) / kTcSU);
+    const bool has_x = g < nt;
+    ST rs[kPipeStages][kTcSU][4];  // the ring of scales/biases: (s_lo, b_lo, s_hi, b_hi) per SU
+
+    // Stage st into ring slot `slot`: this lane's weight units and the scales (issue_w), the warp's
+    // share of x (issue_x); issue = both, closing the stage's cp.async group.
+    auto issue_w = [&](int st, int slot) {
+      if (st < n_stages) {
+        uint4* wr = ring + slot * stage_vec;
+        const int64_t sb = s_begin + int64_t{st} * kTcSU;
+#pragma unroll
+        for (int k = 0; k < kTcSU; ++k) {
+          const int64_t u = 4 * (sb + k) + t;
+          const bool ok = sb + k < s_end && u < U;
+          const int64_t uc = ok ? u : 0;
+          cp_async16(wr + (2 * k) * 32 + lane, w_lo + uc, ok);
+          cp_async16(wr + (2 * k + 1) * 32 + lane, w_hi + uc, ok);
+          const int64_t grp = uc >> gshift;
+          rs[slot][k][0] = ok ? sc[row_lo * n_groups + grp] : ST(0.0f);
+          rs[slot][k][1] = ok ? bi[row_lo * n_groups + grp] : ST(0.0f);
+          rs[slot][k][2] = ok ? sc[row_hi * n_groups + grp] : ST(0.0f);
+          rs[slot][k][3] = ok ? bi[row_hi * n_groups + grp] : ST(0.0f);
+        }
+      }
+    };
+    auto issue_x = [&](int st, int slot) {
+      if (st < n_stages) {
+        uint4* xr = ring + slot * stage_vec + kPipeWVec;
+        const int64_t sb = s_begin + int64_t{st} * kTcSU;
+        for (int i = lane; i < nt * kPipeXVec; i += 32) {
+          const int tok = i / kPipeXVec, v = i % kPipeXVec;
+          const int64_t col = 16 * sb + v;  // 16-byte vector index within the token's row
+          const bool ok = col < q.in / 8;
+          cp_async16(xr + i, xg + (ok ? tok * (q.in / 8) + col : 0), ok);
+        }
+      }
+      cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+    };
+    auto issue = [&](int st, int slot) {
+      issue_w(st, slot);
+      issue_x(st, slot);
+    };
+    auto compute = [&](int st, int slot) {
+      const uint4* wr = ring + slot * stage_vec;
+      const uint4* xr = wr + kPipeWVec;
+      const int64_t sb = s_begin + int64_t{st} * kTcSU;
+#pragma unroll
+      for (int k = 0; k < kTcSU; ++k) {
+        if (sb + k >= s_end) break;
+        const __nv_bfloat162 Sl = __float2bfloat162_rn(to_f(rs[slot][k][0])), Bl = __float2bfloat162_rn(to_f(rs[slot][k][1]));
+        const __nv_bfloat162 Sh = __float2bfloat162_rn(to_f(rs[slot][k][2])), Bh = __float2bfloat162_rn(to_f(rs[slot][k][3]));
+        const uint4 a = wr[(2 * k) * 32 + lane], b = wr[(2 * k + 1) * 32 + lane];
+        const uint32_t lo[4] = {a.x, a.y, a.z, a.w}, hi[4] = {b.x, b.y, b.z, b.w};
+        const uint4* xk = xr + (has_x ? g : 0) * kPipeXVec + k * 16 + t * 4;  // unit 4(sb+k)+t of token g
+#pragma unroll
+        for (int ww = 0; ww < 4; ++ww) {
+          const uint4 xv = has_x ? xk[ww] : make_uint4(0u, 0u, 0u, 0u);
+          mma_bf16(c0, deq_pair(lo[ww], 0, Sl, Bl), deq_pair(hi[ww], 0, Sh, Bh), deq_pair(lo[ww], 1, Sl, Bl),
+                   deq_pair(hi[ww], 1, Sh, Bh), __byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632));
+          mma_bf16(c1, deq_pair(lo[ww], 2, Sl, Bl), deq_pair(hi[ww], 2, Sh, Bh), deq_pair(lo[ww], 3, Sl, Bl),
+                   deq_pair(hi[ww], 3, Sh, Bh), __byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632));
+        }
+      }
+    };
+    // The first stages' weights go out before waiting for the previous kernel (x is its output).
+#pragma unroll
+    for (int i = 0; i < kPipeStages - 1; ++i) issue_w(i, i);
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < kPipeStages - 1; ++i) issue_x(i, i);
+    // Stage st lives in slot st % kPipeStages; the loop is unrolled by the ring size so every slot
+    // index (and so the scale registers) is a compile-time constant.
+    for (int st0 = 0; st0 < n_stages; st0 += kPipeStages) {
+#pragma unroll
+      for (int r = 0; r < kPipeStages; ++r) {
+        const int st = st0 + r;
+        if (st >= n_stages) break;
+        issue(st + kPipeStages - 1, (r + kPipeStages - 1) % kPipeStages);
+        cp_async_wait<kPipeStages - 1>();  // stage st's group is complete (for this lane)
+        __syncwarp();                       // ... and every lane's part of x is visible
+        compute(st, r);
+        __syncwarp();  // slot r is rewritten by the next issue
+      }
+    }
+    cp_async_wait<0>();
+  }
+  pdl_wait();  // before any store (idle warps have not waited yet)
+  // C fragment: c[0..1] row g, tokens 2t, 2t+1; c[2..3] row g + 8 (tokens >= kPipeTokens are empty).
+  if (2 * t < kPipeTokens) {
+    red[warp][g][2 * t] = c0[0] + c1[0];
+    red[warp][g][2 * t + 1] = c0[1] + c1[1];
+    red[warp][g + 8][2 * t] = c0[2] + c1[2];
+    red[warp][g + 8][2 * t + 1] = c0[3] + c1[3];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < TB * 16 * kPipeTokens; idx += blockDim.x) {
+    const int tl = idx / (16 * kPipeTokens), r = (idx / kPipeTokens) % 16, tok = idx % kPipeTokens;
+    const int64_t gt = int64_t{blockIdx.x} * TB + tl;
+    if (gt >= m.tiles[m.count] || tok >= nt) continue;
+    int mi = 0;
+    while (mi + 1 < m.count && gt >= m.tiles[mi + 1]) ++mi;
+    const int64_t row = (gt - m.tiles[mi]) * 16 + r;
+    if (row >= m.w[mi].out) continue;
+    float v = 0.0f;
+    for (int w = tl * KC; w < (tl + 1) * KC; ++w) v += red[w][r][tok];
+    if (m.bias[mi]) v += load_s(m.bias[mi], m.bt[mi], row);
+    store_s(m.y[mi], m.yt[mi], (t0 + tok) * m.w[mi].out + row, v);
   }
 }
 
@@ -426,8 +594,40 @@ bool qgemv_use_mma() {
   return on;
 }
 
+// KILN_CUDA_QGEMV=round: the non-pipelined kernel for every token count (for comparison).
+static bool qgemv_pipe_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_QGEMV");
+    return !(e && std::strcmp(e, "round") == 0);
+  }();
+  return on;
+}
+
+static void launch_qgemv_pipe(const void* x, int64_t n, const QMulti& m, cudaStream_t s) {
+  // K chunks per tile: the largest power of two <= kPipeWarps leaving a warp >= 12 super-units (3+ stages).
+  const int64_t S = (m.w[0].in / 32 + 3) / 4;
+  int kc_log2 = 0;
+  while ((1 << kc_log2) < kPipeWarps && S / (2 << kc_log2) >= 12) ++kc_log2;
+  const int tb = kPipeWarps >> kc_log2;
+  const int p_max = static_cast<int>(n < kPipeTokens ? n : kPipeTokens);
+  const size_t smem = sizeof(uint4) * kPipeWarps * kPipeStages * (kPipeWVec + p_max * kPipeXVec);
+  dim3 grid(static_cast<unsigned>((m.tiles[m.count] + tb - 1) / tb), static_cast<unsigned>((n + kPipeTokens - 1) / kPipeTokens));
+  dispatch(m.w[0].sdt, [&]<typename ST>() {
+    static bool raised = false;  // above the 48 KB default: opt in once per type, for the largest pass
+    if (!raised) {
+      cudaFuncSetAttribute(qgemv4_pipe_kernel<ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(sizeof(uint4) * kPipeWarps * kPipeStages * (kPipeWVec + kPipeTokens * kPipeXVec)));
+      raised = true;
+    }
+    launch_pdl(qgemv4_pipe_kernel<ST>, grid, kPipeWarps * 32, smem, s, static_cast<const __nv_bfloat16*>(x), n, p_max,
+               kc_log2, m);
+  });
+  KILN_CUDA_LAUNCH_CHECK("qgemv4_pipe");
+}
+
 void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t s) {
   if (n == 0 || m.count == 0 || m.tiles[m.count] == 0) return;
+  if (n <= kPipeTokens && qgemv_pipe_enabled()) return launch_qgemv_pipe(x, n, m, s);
   for (int64_t t0 = 0; t0 < n; t0 += 8 * 65535) {  // grid.y limit (never reached by the caller's batches)
     const int64_t nn = n - t0 < 8 * 65535 ? n - t0 : 8 * 65535;
     QMulti mm = m;
@@ -444,7 +644,7 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t 
                              static_cast<int>(sizeof(uint16_t) * kTcWarps * 8 * kTcRoundCodes));
         raised = true;
       }
-      qgemv4_tc_kernel<ST><<<grid, kTcWarps * 32, smem, s>>>(xp, nn, nt_max, mm);
+      launch_pdl(qgemv4_tc_kernel<ST>, grid, kTcWarps * 32, smem, s, xp, nn, nt_max, mm);
     });
   }
   KILN_CUDA_LAUNCH_CHECK("qgemv4_tc");
