@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 . scripts/device-lib.sh
 carry_pack .devcarry "${1:-build-cuda}" yes kiln tests/cuda_ops_test tests/cuda_qops_test tests/cuda_models_test \
   tests/cuda_quantized_model_test tests/cuda_engine_test tests/cuda_sampling_test bench/model_bench \
-  bench/cuda_ceiling_bench bench/cuda_qgemv_bench
+  bench/cuda_ceiling_bench bench/cuda_qgemv_bench bench/cuda_attn_bench
 # Every model (the greedy test runs them all) and the PyTorch peers.
 cp -r ../shared/models/. .devcarry/shared/models/
 cp -r ../shared/bench .devcarry/shared/bench

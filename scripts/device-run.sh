@@ -78,13 +78,13 @@ if want perf second; then
   : > "$OUT/model_bench.jsonl"
   for mp in "llama-3-8b 1:2048:2,1:128:257,8:128:129,32:128:129,64:128:129,128:128:129" \
             "qwen2.5-7b 1:2048:2,1:128:257,8:128:129,32:128:129,64:128:129,128:128:129" \
-            "llama-3-8b-q4 1:2048:2,1:128:257,4:128:129,8:128:129" "llama-3-8b-q4 1:128:257 round"; do
+            "llama-3-8b-q4 1:2048:2,1:128:257,4:128:129,8:128:129" "llama-3-8b-q4 1:128:257 KILN_CUDA_QGEMV=round" \
+            "llama-3-8b 1:128:257 KILN_CUDA_PDL=0" "llama-3-8b-q4 1:128:257 KILN_CUDA_PDL=0"; do
     set -- $mp
     el "=== model_bench $1 ${3:-}"
     [ -f "$M/$1/config.json" ] || { echo "missing $M/$1 (run prep first)"; status=1; continue; }
-    env=""; [ -n "${3:-}" ] && env="KILN_CUDA_QGEMV=$3"
-    env $env LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/model_bench" --device cuda --model "$M/$1" --repeat 2 \
-      --plan "$2" 2>"$OUT/mb_$1${3:-}.err" | tee -a "$OUT/model_bench.jsonl" || status=1
+    env ${3:-} LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/model_bench" --device cuda --model "$M/$1" --repeat 2 \
+      --plan "$2" 2>"$OUT/mb_$1.err" | sed "s|^{|{\"env\":\"${3:-}\",|" | tee -a "$OUT/model_bench.jsonl" || status=1
   done
   for p in "llama-3-8b 1:128:33" "llama-3-8b-q4 1:128:33" "llama-3-8b 128:1:33" "llama-3-8b 1:2048:1"; do
     set -- $p

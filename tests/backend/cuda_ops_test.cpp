@@ -373,6 +373,40 @@ TEST_F(CudaAttention, DecodeGroupsAndBatches) {
   }
 }
 
+TEST_F(CudaAttention, PrefillGroupsAndRaggedTiles) {
+  Rng rng("CudaAttention.PrefillGroups");
+  // The prefill kernel packs GQA heads into its 128-row tiles (group 4: 32 tokens x 4 heads; 7: one
+  // head; 8 and 16: 8 heads, 16 in two chunks; 12: 4 heads, three chunks). Whole prompts, chunks of
+  // prompts and decode rows of several sequences share tiles: in order (a tile holds the end of one
+  // sequence and the start of the next) and interleaved (every tile mixes sequences: one pass each).
+  // Windows cut rows' ranges inside tiles and make the warps skip whole tiles; a softcap switches
+  // the kernel variant. Lengths are odd so that the last tile of every range is partly filled.
+  const std::vector<Seq> ragged = {{45, 45}, {77, 77}, {5, 5}, {150, 30}, {301, 99}, {64, 1}, {33, 17}};
+  for (int gqa : {1, 4, 7, 8})
+    for (int hd : {32, 64, 128}) {
+      SCOPED_TRACE(fmt::format("gqa={} head_dim={}", gqa, hd));
+      check(rng, ragged, gqa, hd, 0, 0.0f, 16, false);
+      check(rng, ragged, gqa, hd, 50, 30.0f, 16, true);
+    }
+  for (int gqa : {12, 16}) {
+    SCOPED_TRACE(fmt::format("chunked group {}", gqa));
+    check(rng, ragged, gqa, 64, 0, 0.0f, 16, true, 1);
+  }
+}
+
+TEST_F(CudaAttention, PrefillLongPrompts) {
+  Rng rng("CudaAttention.PrefillLong");
+  // Whole prompts of 2k-8k tokens (one kv head keeps the CPU reference to a few GFLOP): hundreds of
+  // K/V tiles through the double buffer and the online softmax, causal tails per warp; an 8k prompt
+  // with a window (most tiles skipped, the range starts mid-tile); a late chunk of a long prompt with
+  // GQA 8 and blocks of 32 rows.
+  check(rng, {{2048, 2048}}, 4, 128, 0, 0.0f, 16, false, 1);
+  check(rng, {{8192, 8192}}, 1, 64, 0, 0.0f, 16, false, 1);
+  check(rng, {{8192, 8192}}, 4, 128, 1000, 0.0f, 16, false, 1);
+  check(rng, {{3001, 3001}}, 7, 32, 0, 50.0f, 16, false, 1);
+  check(rng, {{5000, 250}}, 8, 128, 0, 0.0f, 32, false, 1);
+}
+
 
 // ---- fused ops (cuda_fused_ops.cpp): each against the CPU's default (the separate ops), and
 // bit for bit against the separate CUDA ops it replaces (the fused kernels share their math).
@@ -538,6 +572,153 @@ TEST_F(CudaOps, FusedOpsLaunchFused) {
     EXPECT_NE(prof.find(op), std::string::npos) << op << " missing from\n" << prof;
   for (const char* op : {"matmul (gemv)", "rope ", "kv_write ", "rms_norm ", "add "})
     EXPECT_EQ(prof.find(std::string("\n") + op), std::string::npos) << op << " ran separately:\n" << prof;
+}
+#endif
+
+
+// ---- MoE (moe_route, moe_experts): the device path against the CPU's host-routing defaults.
+namespace moe {
+
+struct Experts {
+  std::vector<Weight> gate, up, down;
+  std::vector<ExpertWeights> refs() const {
+    std::vector<ExpertWeights> r(gate.size());
+    for (size_t e = 0; e < gate.size(); ++e) r[e] = {&gate[e], &up[e], &down[e]};
+    return r;
+  }
+};
+
+Experts random_experts(Rng& rng, DType wt, int64_t n_experts, int64_t dim, int64_t ffn) {
+  Experts ex;
+  auto dense = [](Tensor t) {
+    Weight w;
+    w.w = std::move(t);
+    return w;
+  };
+  for (int64_t e = 0; e < n_experts; ++e) {
+    ex.gate.push_back(dense(rng.tensor(wt, {ffn, dim}, 1.0f / std::sqrt(float(dim)))));
+    ex.up.push_back(dense(rng.tensor(wt, {ffn, dim}, 1.0f / std::sqrt(float(dim)))));
+    ex.down.push_back(dense(rng.tensor(wt, {dim, ffn}, 1.0f / std::sqrt(float(ffn)))));
+  }
+  return ex;
+}
+
+// Router logits as bf16 values (what the CUDA router matmul writes), on a coarse grid when `ties`.
+Tensor logits(Rng& rng, int64_t n, int64_t n_experts, bool ties) {
+  Tensor f = rng.tensor(DType::bf16, {n, n_experts}, 4.0f);
+  Tensor r = Tensor::host(DType::f32, f.shape);
+  to_f32(f.data, f.dtype, r.ptr<float>(), f.numel());
+  if (ties)
+    for (int64_t i = 0; i < r.numel(); ++i) r.ptr<float>()[i] = std::round(r.ptr<float>()[i]);
+  return r;
+}
+
+std::vector<int32_t> int_values(const Tensor& host) {
+  return std::vector<int32_t>(host.ptr<int32_t>(), host.ptr<int32_t>() + host.numel());
+}
+
+}  // namespace moe
+
+TEST_F(CudaOps, MoeRoute) {
+  Rng rng("CudaOps.MoeRoute");
+  for (int64_t n_experts : {8, 16, 128})
+    for (int k : {2, 4})
+      for (bool norm : {false, true})
+        for (bool ties : {false, true})
+          for (int64_t n : {1, 2, 3, 5, 8, 13, 16, 40}) {
+            const DType lt = n == 3 ? DType::f32 : DType::bf16;  // the device logits' dtype
+            SCOPED_TRACE(fmt::format("E={} k={} norm={} ties={} n={} logits={}", n_experts, k, norm, ties, n,
+                                     dtype_name(lt)));
+            Tensor l = moe::logits(rng, n, n_experts, ties);
+            Tensor ids = Tensor::host(DType::i32, {n, k}), w = Tensor::host(DType::f32, {n, k});
+            cpu_->moe_route(l, k, norm, ids, w);
+            Tensor idsd = poisoned(DType::i32, {n, k}), wd = poisoned(DType::f32, {n, k});
+            gpu_->moe_route(dev(l, lt), k, norm, idsd, wd);
+            // The same logit values: the same experts in the same order (ties to the lower index).
+            ASSERT_EQ(moe::int_values(gpu_->to_host(idsd)), moe::int_values(ids));
+            const std::vector<float> got = back(wd), want = to_floats(w);
+            for (size_t i = 0; i < want.size(); ++i)
+              ASSERT_NEAR(got[i], want[i], 1e-5) << "weight " << i << " (f32 softmax vs the CPU's double)";
+          }
+}
+
+TEST_F(CudaOps, MoeExperts) {
+  Rng rng("CudaOps.MoeExperts");
+  struct Case {
+    int64_t n_experts, k, dim, ffn;
+    DType wt;
+  };
+  // bf16 experts (16-byte loads), f32 (mixtral's tiny model) and f16 weights, a qwen3-30B-like
+  // expert (dim 2048, ffn 768), and ffn % 8 != 0 (element loads).
+  const std::vector<Case> cases = {{8, 2, 64, 32, DType::bf16},   {16, 4, 256, 96, DType::bf16},
+                                   {8, 2, 64, 32, DType::f32},    {16, 4, 128, 40, DType::bf16},
+                                   {8, 4, 96, 64, DType::f16},    {8, 2, 2048, 768, DType::bf16}};
+  for (const Case& c : cases) {
+    moe::Experts ex = moe::random_experts(rng, c.wt, c.n_experts, c.dim, c.ffn);
+    const auto refs = ex.refs();
+    for (int64_t n : {1, 2, 5, 8, 16, 17}) {
+      for (Activation a : {Activation::silu, Activation::gelu_tanh}) {
+        if (a == Activation::gelu_tanh && n != 5) continue;
+        SCOPED_TRACE(fmt::format("E={} k={} dim={} ffn={} w={} n={} act={}", c.n_experts, c.k, c.dim, c.ffn,
+                                 dtype_name(c.wt), n, int(a)));
+        EXPECT_EQ(gpu_->moe_on_device(refs, n), n <= 16) << "dense experts take the device path up to 16 tokens";
+        Tensor x = act(rng, {n, c.dim});
+        Tensor ids = Tensor::host(DType::i32, {n, c.k}), w = Tensor::host(DType::f32, {n, c.k});
+        cpu_->moe_route(moe::logits(rng, n, c.n_experts, false), int(c.k), true, ids, w);
+        Tensor ref = Tensor::host(DType::f32, {n, c.dim});
+        cpu_->moe_experts(x, refs, a, ids, w, ref);
+        Tensor xd = dev(x), idsd = gpu_->upload(ids), wd = gpu_->upload(w);
+        for (DType ot : {DType::bf16, DType::f32}) {
+          if (ot == DType::f32 && n != 2) continue;
+          Tensor out = poisoned(ot, {n, c.dim});
+          gpu_->moe_experts(xd, refs, a, idsd, wd, out);
+          expect_close(back(out), to_floats(ref), DType::bf16, fmt::format("moe_experts out={}", dtype_name(ot)));
+        }
+        // The CUDA host default (per-expert gather + matmuls + scatter): the same values up to
+        // summation order.
+        Tensor out = poisoned(DType::bf16, {n, c.dim}), dflt = poisoned(DType::bf16, {n, c.dim});
+        gpu_->moe_experts(xd, refs, a, idsd, wd, out);
+        gpu_->Backend::moe_experts(xd, refs, a, idsd, wd, dflt);
+        expect_close(back(out), back(dflt), DType::bf16, "moe_experts vs the CUDA default");
+      }
+    }
+  }
+}
+
+#ifdef KILN_HAVE_CUDA
+// Route + experts captured as a graph and replayed with new logits and inputs at the same device
+// addresses: the replays must follow the new routing, i.e. the kernels read the ids on the device.
+TEST_F(CudaOps, MoeGraphReplayRoutesOnDevice) {
+  Rng rng("CudaOps.MoeGraphReplay");
+  auto& cb = static_cast<cuda::CudaBackend&>(*gpu_);
+  cb.set_graphs_enabled(true);  // (unless KILN_CUDA_PROFILE is set: then begin_graph fails below)
+  const int64_t n_experts = 16, k = 4, dim = 128, ffn = 64, n = 4;
+  moe::Experts ex = moe::random_experts(rng, DType::bf16, n_experts, dim, ffn);
+  const auto refs = ex.refs();
+  ASSERT_TRUE(gpu_->moe_on_device(refs, n));
+  std::vector<std::vector<int32_t>> seen_ids;
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE(fmt::format("step {}", step));
+    Tensor l = moe::logits(rng, n, n_experts, false), x = act(rng, {n, dim});
+    Tensor ids = Tensor::host(DType::i32, {n, k}), w = Tensor::host(DType::f32, {n, k});
+    cpu_->moe_route(l, int(k), true, ids, w);
+    Tensor ref = Tensor::host(DType::f32, {n, dim});
+    cpu_->moe_experts(x, refs, Activation::silu, ids, w, ref);
+    StepScope scope(*gpu_);
+    Tensor ld = dev(l), xd = dev(x);  // per-step buffers: the same addresses every step
+    ASSERT_TRUE(gpu_->begin_graph(0x3e0e));
+    Tensor idsd = gpu_->alloc(DType::i32, {n, k}), wd = gpu_->alloc(DType::f32, {n, k});
+    Tensor out = gpu_->alloc(DType::bf16, {n, dim});
+    gpu_->moe_route(ld, int(k), true, idsd, wd);
+    gpu_->moe_experts(xd, refs, Activation::silu, idsd, wd, out);
+    gpu_->end_graph();
+    EXPECT_EQ(moe::int_values(gpu_->to_host(idsd)), moe::int_values(ids));
+    expect_close(back(out), to_floats(ref), DType::bf16, "moe graph step");
+    seen_ids.push_back(moe::int_values(ids));
+  }
+  EXPECT_GE(cb.stats().graph_captures, 1);
+  EXPECT_GE(cb.stats().graph_replays, 3);
+  EXPECT_NE(seen_ids[2], seen_ids[3]) << "random routings should differ between replayed steps";
 }
 #endif
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <span>
 
@@ -16,6 +17,9 @@
 
 #include "kiln/base/json.h"
 #include "kiln/model/model.h"
+#ifdef KILN_HAVE_CUDA
+#include "kiln/backend/cuda/cuda_backend.h"
+#endif
 
 using namespace kiln;
 
@@ -105,6 +109,18 @@ TEST_P(CudaModels, GreedyMatchesReference) {
   }
   std::printf("%s: %zu greedy tokens, %d top-2 flips\n", name.c_str(), greedy.size() - ids.size(), flips);
   EXPECT_LE(flips, 2) << name << ": more than two knife-edge flips";
+#ifdef KILN_HAVE_CUDA
+  // Decode steps replay as CUDA graphs in every family, MoE ones included (routing and experts on
+  // the device), unless the environment turns graphs (or profiling, or the MoE device path) off.
+  auto env_on = [](const char* v, bool dflt) {
+    const char* e = std::getenv(v);
+    return e ? std::strcmp(e, "0") != 0 : dflt;
+  };
+  if (env_on("KILN_CUDA_GRAPHS", true) && env_on("KILN_CUDA_MOE", true) && !env_on("KILN_CUDA_PROFILE", false)) {
+    EXPECT_GT(static_cast<backend::cuda::CudaBackend&>(*be).stats().graph_replays, 0)
+        << name << ": no decode step replayed as a CUDA graph";
+  }
+#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaModels,

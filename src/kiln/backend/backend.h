@@ -38,6 +38,14 @@ struct AttnParams {
 
 enum class Activation { silu, gelu_tanh, gelu };
 
+// One MoE expert's gated MLP, by reference (the weights stay owned by the model):
+// y = down(act(gate(x)) * up(x)); gate/up [ffn, dim], down [dim, ffn].
+struct ExpertWeights {
+  const Weight* gate = nullptr;
+  const Weight* up = nullptr;
+  const Weight* down = nullptr;
+};
+
 // One row's sampling parameters for Backend::sample_rows: the engine's SamplingParams, flattened.
 struct SampleParams {
   float temperature = 0.0f;  // <= 0: greedy (argmax of the adjusted logits)
@@ -137,6 +145,23 @@ class Backend {
   // (q/k/v, gate/up); y[i] [n, out_i]; w.size() == y.size(). Same result as matmul() per pair.
   static constexpr size_t kMaxMultiMatmul = 4;
   virtual void matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y);
+
+  // ---- MoE (qwen3_moe, mixtral). The defaults are the host routing of the reference (they read
+  // the router logits / expert ids back to the host); CUDA keeps decode-sized batches on the device.
+  // Router: per token t, p = softmax(logits[t]) over the E experts (f32 or better), the top_k
+  // experts by p (ties to the lower index) in descending order: ids[t, j] (i32 [n, top_k]) and
+  // weights[t, j] = p (or p / the sum of the top_k p when norm_topk_prob; f32 [n, top_k]).
+  // logits [n, E] any float dtype.
+  virtual void moe_route(const Tensor& logits, int top_k, bool norm_topk_prob, Tensor& ids, Tensor& weights);
+  // out [n, dim] = sum over slots j of weights[t, j] * expert ids[t, j] (x[t]), experts applied in
+  // increasing expert index (the order of the default, which runs each expert once over its gathered
+  // tokens: gather_rows, matmul_multi gate/up, gated_act, matmul down, scatter_add_rows). x [n, dim]
+  // act dtype; ids i32 [n, k] in [0, experts.size()); weights f32 [n, k]; out may not alias x.
+  virtual void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, Activation act, const Tensor& ids,
+                           const Tensor& weights, Tensor& out);
+  // Whether moe_route + moe_experts run for n_tokens with these experts without reading anything
+  // back to the host (so a step using them can be captured as a graph). False by default.
+  virtual bool moe_on_device(std::span<const ExpertWeights> experts, int64_t n_tokens) const { return false; }
 
   // ids[i] = argmax_j x[i, j] (first on ties): x [rows, n] f32 or act dtype, ids i32 [rows].
   // Greedy sampling on the device, so only the ids leave it.

@@ -57,8 +57,9 @@ class Llama final : public Model {
     const int64_t n = in.n_tokens;
     const DType t = be.act_dtype();
     DeviceRope rope = upload_rope(be, c.rope, c, in.max_position + 1);
-    // MoE routing reads the router logits on the host mid-step: such models run eagerly.
-    const bool graphed = !has_moe_ && begin_step_graph(be, in, batch, cache);
+    // A MoE layer whose routing would go through the host (CPU-style defaults, quantized experts,
+    // too many tokens) syncs mid-step: such steps run eagerly; prefill is eager anyway.
+    const bool graphed = moe_on_device(be, n) && begin_step_graph(be, in, batch, cache);
 
     Tensor x = be.alloc(t, {n, c.dim});    // [n_tokens, dim] the residual stream
     Tensor h = be.alloc(t, {n, c.dim});    // normed input of a block
@@ -93,6 +94,14 @@ class Llama final : public Model {
   Tensor final_norm_;
   std::vector<LlamaLayer> layers_;
   bool has_moe_ = false;
+
+  // True when every MoE layer runs n tokens on the device (Backend::moe_on_device); dense models: true.
+  bool moe_on_device(const backend::Backend& be, int64_t n) const {
+    if (!has_moe_) return true;
+    for (const LlamaLayer& L : layers_)
+      if (L.moe && !moe_block_on_device(be, *L.moe, n)) return false;
+    return true;
+  }
 };
 
 }  // namespace

@@ -5,11 +5,12 @@
 //   kernel (head_dim 64/128/256) is bandwidth-bound: 32-key tiles per warp, lane-per-key scores
 //   with 16-byte loads, online softmax, lane-per-dims P·V. Other head dims (the tiny test
 //   models) take the generic kernel: a warp per key, scores kept in shared memory.
-// prefill: grid (64-token tile, head). FA2-style: each of 4 warps owns 16 query rows, Q in
-//   registers, K and Vᵀ tiles of 64 keys in shared memory, S = QKᵀ and O += PV on mma.sync
-//   m16n8k16 bf16 tensor cores with an online softmax in f32. A tile whose rows belong to several
-//   sequences runs one pass per sequence (rows of other sequences are masked in that pass).
+// prefill: FA2-style on mma.sync m16n8k16 bf16 tensor cores: a block of 4 warps owns 128 query
+//   rows (tokens x the heads of a GQA group that share a K/V tile), K/V tiles double-buffered in
+//   shared memory by cp.async, fragments by ldmatrix, online softmax in f32 (log2 units). A tile
+//   whose rows belong to several sequences runs one pass per sequence.
 #include <cfloat>
+#include <climits>
 #include <cmath>
 
 #include "kiln/backend/cuda/common.cuh"
@@ -89,6 +90,8 @@ constexpr int kTiledMaxGroup = 8;  // heads per tiled block; larger groups run i
 template <int HD, int G>
 __global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnArgs a, int n_splits, int kps,
                                                                           float* partials) {
+  pdl_trigger();
+  pdl_wait();  // q and the current token's K/V come from rope_kv_write (launched with launch_pdl)
   constexpr int DPL = HD / 32;                 // V dims per lane
   constexpr int KCH = HD < 128 ? HD : 128;     // K dims per lane per load round
   constexpr int KV16 = KCH / 8;                // 16-byte K loads in flight per lane (<= 16: 64 registers)
@@ -359,6 +362,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
 // whose acc is never read.
 constexpr int kCombineThreads = 128;
 __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnArgs a, int n_splits, const float* partials) {
+  pdl_trigger();
+  pdl_wait();
   extern __shared__ float w_s[];
   __shared__ float red_m[kCombineThreads / 32], red_l[kCombineThreads / 32];
   const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, stride = hd + 2;
@@ -398,10 +403,36 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnArgs 
   }
 }
 
-// ---- prefill (tensor cores)
+// ---- prefill (tensor cores), FA2-style.
+// grid (kv head x head chunk, query tile), 4 warps. A block owns 128 query rows: TB = 128 / GH
+// tokens x GH heads of one GQA group (GH = 1 << lgh, the largest power of two <= 8 dividing the
+// group), row r = (token t0 + r / GH, head h0 + r % GH), so every K/V tile staged in shared memory
+// serves the GH heads at once (llama-3-8b: 32 tokens x 4 heads, a quarter of the per-head K/V
+// traffic). Warp w owns rows [32w, 32w + 32) as two m16 tiles, so each K/V fragment read from
+// shared memory feeds two MMAs. Shared memory (bf16, rows padded by 16 B so that the 8 row
+// addresses of every ldmatrix phase fall in distinct bank groups):
+//   Qs [128][HD + 8], Ks [2][BK][HD + 8], Vs [2][BK][HD + 8]  (two stages: cp.async double buffer)
+// Per K/V tile of BK keys: S = Q Kᵀ (ldmatrix Q and K fragments, mma.sync m16n8k16 bf16 -> f32),
+// online softmax in log2 units (scale * log2 e folded into one multiply), O += P V (P straight from
+// the S accumulators, V fragments by ldmatrix.trans of the row-major tile: no transposing store).
+// The next tile's cp.async loads are in flight while the current one is computed. Masks are only
+// evaluated on tiles that cut a row's visible range; a warp skips tiles none of its rows can see
+// (causal tails, windows, rows of other sequences). A tile whose tokens belong to several
+// sequences runs one pass per sequence (rows of other sequences are masked in that pass).
 
-constexpr int kBQ = 64;  // query rows per block (4 warps x 16)
-constexpr int kBK = 64;  // keys per tile
+constexpr int kPWarps = 4;
+constexpr int kPThreads = kPWarps * 32;
+constexpr int kPRows = kPWarps * 32;  // query rows per block: 2 m16 tiles per warp
+
+template <int HD>
+struct PrefillCfg {
+  // Keys per tile: 32 at head_dim 128 keeps S (2 x 4 x 4 f32) beside O (2 x 16 x 4 f32) in registers.
+  static constexpr int BK = HD == 128 ? 32 : 64;
+  static constexpr int S = HD + 8;  // shared row stride in bf16 elements (HD * 2 + 16 bytes)
+  static constexpr int kQ = kPRows * S;
+  static constexpr int kKV = BK * S;  // one stage of K (or V)
+  static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 4 * kKV);
+};
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -415,179 +446,285 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(128) attn_prefill_kernel(AttnArgs a) {
-  constexpr int KS = HD + 8;   // K tile row stride (bf16): +16 B keeps the B-fragment loads conflict-free
-  constexpr int VS = kBK + 8;  // Vᵀ tile row stride
-  __shared__ __align__(16) __nv_bfloat16 Ks[kBK * KS];
-  __shared__ __align__(16) __nv_bfloat16 Vt[HD * VS];
-  __shared__ int row_seq[kBQ], row_lo[kBQ], row_hi[kBQ];
-  __shared__ int pass_seq[kBQ], pass_lo[kBQ], pass_hi[kBQ];
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy that bypasses registers; valid == false writes 16 zero bytes (the
+// source is not read), so keys past the range give zero K and V rows (P·V then adds 0, not NaN).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives it
+// (lane l: row l / 4, columns 2 (l % 4), +1; .trans: column l / 4 of rows 2 (l % 4), +1).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// CAP: softcap > 0 (a template flag keeps tanh out of the common kernel's registers).
+template <int HD, bool CAP>
+__global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int lgh) {
+  using C = PrefillCfg<HD>;
+  constexpr int BK = C::BK, S = C::S, CH = HD / 8;  // CH: 16-byte chunks per row
+  extern __shared__ __align__(16) unsigned char prefill_smem[];
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(prefill_smem);
+  __nv_bfloat16* Ks = Qs + C::kQ;       // [2][BK][S]
+  __nv_bfloat16* Vs = Ks + 2 * C::kKV;  // [2][BK][S]
+  __shared__ int tok_seq[kPRows], tok_lo[kPRows], tok_hi[kPRows];
+  __shared__ int pass_seq[kPRows], pass_lo[kPRows], pass_hi[kPRows];
   __shared__ int n_pass;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int t0 = blockIdx.x * kBQ, h = blockIdx.y, group = a.n_heads / a.n_kv_heads, kvh = h / group;
-  const int64_t q_width = int64_t{a.n_heads} * HD;
+  const int gh = 1 << lgh, tb = kPRows >> lgh;  // heads and tokens of the block
+  const int group = a.n_heads / a.n_kv_heads, chunks = group >> lgh;
+  const int kvh = blockIdx.x / chunks, h0 = kvh * group + (blockIdx.x % chunks) * gh;
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * tb;  // latest tokens (most keys) first: a shorter tail
+  const int64_t q_width = int64_t{a.n_heads} * HD, kv_width = int64_t{a.n_kv_heads} * HD;
+  const __nv_bfloat16* qg = static_cast<const __nv_bfloat16*>(a.q);
+  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache);
+  const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache);
 
-  if (tid < kBQ) {
+  // Q tile in flight first (its own cp.async group, waited for with the first K/V tile).
+#pragma unroll
+  for (int u = 0; u < CH; ++u) {  // kPRows * CH chunks over kPThreads (= kPRows) threads
+    const int idx = tid + u * kPThreads, r = idx / CH, c = idx % CH, t = t0 + (r >> lgh);
+    const bool ok = t < a.n_tokens;
+    const __nv_bfloat16* src = ok ? qg + int64_t{t} * q_width + int64_t{h0 + (r & (gh - 1))} * HD + c * 8 : qg;
+    cp_async16(smem_addr(Qs + r * S + c * 8), src, ok);
+  }
+  cp_async_commit();
+
+  if (tid < tb) {
     const int t = t0 + tid;
     if (t < a.n_tokens) {
       const int pos = a.token_pos[t];
-      row_seq[tid] = a.token_seq[t];
-      row_hi[tid] = pos;
-      row_lo[tid] = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+      tok_seq[tid] = a.token_seq[t];
+      tok_hi[tid] = pos;
+      tok_lo[tid] = a.window > 0 ? max(0, pos - a.window + 1) : 0;
     } else {
-      row_seq[tid] = -1;
+      tok_seq[tid] = -1;
     }
   }
   __syncthreads();
   if (tid == 0) {  // distinct sequences of the tile, with the key range each pass must cover
     int np = 0;
-    for (int r = 0; r < kBQ; ++r) {
-      if (row_seq[r] < 0) continue;
+    for (int r = 0; r < tb; ++r) {
+      const int sq = tok_seq[r];
+      if (sq < 0) continue;
       int p = 0;
-      while (p < np && pass_seq[p] != row_seq[r]) ++p;
-      if (p == np) pass_seq[np] = row_seq[r], pass_lo[np] = row_lo[r], pass_hi[np] = row_hi[r], ++np;
-      else pass_lo[p] = min(pass_lo[p], row_lo[r]), pass_hi[p] = max(pass_hi[p], row_hi[r]);
+      while (p < np && pass_seq[p] != sq) ++p;
+      if (p == np) pass_seq[np] = sq, pass_lo[np] = tok_lo[r], pass_hi[np] = tok_hi[r], ++np;
+      else pass_lo[p] = min(pass_lo[p], tok_lo[r]), pass_hi[p] = max(pass_hi[p], tok_hi[r]);
     }
     n_pass = np;
   }
   __syncthreads();
 
-  // This thread's two rows (A: g, B: g + 8 of the warp's 16) and its Q fragments.
-  const int ra = warp * 16 + g, rb = ra + 8;
-  const int seq_a = row_seq[ra], seq_b = row_seq[rb];
-  const int lo_a = row_lo[ra], hi_a = row_hi[ra], lo_b = row_lo[rb], hi_b = row_hi[rb];
-  uint32_t qf[HD / 16][4];
-  {
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q) + int64_t{h} * HD;
-    const int64_t oa = int64_t{t0 + ra} * q_width, ob = int64_t{t0 + rb} * q_width;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const int c = kk * 16 + tig * 2;
-      qf[kk][0] = seq_a >= 0 ? *reinterpret_cast<const uint32_t*>(q + oa + c) : 0u;
-      qf[kk][1] = seq_b >= 0 ? *reinterpret_cast<const uint32_t*>(q + ob + c) : 0u;
-      qf[kk][2] = seq_a >= 0 ? *reinterpret_cast<const uint32_t*>(q + oa + c + 8) : 0u;
-      qf[kk][3] = seq_b >= 0 ? *reinterpret_cast<const uint32_t*>(q + ob + c + 8) : 0u;
-    }
-  }
-  float o[HD / 8][4];
-#pragma unroll
-  for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
-  const float sl2 = a.scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2 e)
+  // This thread's 4 rows: i = 2 mt + half -> row warp * 32 + mt * 16 + half * 8 + g (the C/A
+  // fragment rows g and g + 8 of m-tile mt); their tokens' facts stay in shared memory (registers
+  // are short at head_dim 128).
+  const auto row_of = [&](int i) { return warp * 32 + (i >> 1) * 16 + (i & 1) * 8 + g; };
+  // ldmatrix row addresses (bytes, relative to the tile): Q A-fragments (rows lane % 16, columns
+  // 8 (lane / 16)); K B-fragments for n-tiles 2np, 2np+1 (keys 8 (lane / 16) + lane % 8, columns
+  // 8 ((lane / 8) % 2)); V B-fragments for d-tiles 2dp, 2dp+1 (.trans: keys 8 ((lane / 8) % 2) +
+  // lane % 8, columns 8 (lane / 16)).
+  const uint32_t q_base = smem_addr(Qs) + 2 * ((warp * 32 + (lane & 15)) * S + (lane >> 4) * 8);
+  const uint32_t k_off = 2 * (((lane >> 4) * 8 + (lane & 7)) * S + ((lane >> 3) & 1) * 8);
+  const uint32_t v_off = 2 * ((((lane >> 3) & 1) * 8 + (lane & 7)) * S + (lane >> 4) * 8);
+  const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
 
-  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache);
-  const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache);
+  float o[2][HD / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+  float m[4], l[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) m[i] = -INFINITY, l[i] = 0.0f;
+  // Scores in log2 units: s * scale * log2 e, or cap * tanh(s * scale / cap) * log2 e.
+  const float pre = CAP ? a.scale / a.softcap : a.scale * kLog2e, post = a.softcap * kLog2e;
+
   for (int p = 0; p < n_pass; ++p) {
     const int seq = pass_seq[p], klo = pass_lo[p], khi = pass_hi[p];
-    const bool act_a = seq_a == seq, act_b = seq_b == seq;
-    for (int kt = klo; kt <= khi; kt += kBK) {
-      __syncthreads();  // the previous tile is consumed
-      // Load K [kBK][HD] and Vᵀ [HD][kBK]: consecutive threads take consecutive keys (conflict-free
-      // transposed stores), each a 16-byte chunk of one row; keys past the range are zero.
-      for (int idx = tid; idx < kBK * (HD / 8); idx += 128) {
-        const int key = idx % kBK, c = idx / kBK;
-        const int j = kt + key;
-        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-        if (j <= khi) {
-          const int64_t row = cache_row(a, seq, j) + int64_t{kvh} * HD + c * 8;
-          kv = *reinterpret_cast<const uint4*>(kc + row);
-          vv = *reinterpret_cast<const uint4*>(vc + row);
-        }
-        *reinterpret_cast<uint4*>(&Ks[key * KS + c * 8]) = kv;
-        const __nv_bfloat16* ve = reinterpret_cast<const __nv_bfloat16*>(&vv);
+    const int n_tiles = (khi - klo) / BK + 1;
+    // The warp's rows in this pass see keys within [any_lo, any_hi] (a hull: a tile outside it is
+    // skipped) and all see [all_lo, all_hi] (a tile inside needs no mask). Rows outside the pass
+    // see nothing: an empty range [INT_MAX, INT_MIN]. Warp-uniform values, kept off the registers
+    // that O and S need.
+    int any_lo = INT_MAX, any_hi = INT_MIN, all_lo = INT_MIN, all_hi = INT_MAX;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) Vt[(c * 8 + i) * VS + key] = ve[i];
+    for (int i = 0; i < 4; ++i) {
+      const int tl = row_of(i) >> lgh;
+      const bool in = tok_seq[tl] == seq;
+      const int lo = in ? tok_lo[tl] : INT_MAX, hi = in ? tok_hi[tl] : INT_MIN;
+      any_lo = min(any_lo, lo), any_hi = max(any_hi, hi), all_lo = max(all_lo, lo), all_hi = min(all_hi, hi);
+    }
+    any_lo = __reduce_min_sync(0xffffffffu, any_lo), any_hi = __reduce_max_sync(0xffffffffu, any_hi);
+    all_lo = __reduce_max_sync(0xffffffffu, all_lo), all_hi = __reduce_min_sync(0xffffffffu, all_hi);
+    const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks;
+    // K/V tile of keys kt + [0, BK) into stage st: thread takes 16-byte chunks, consecutive threads
+    // consecutive chunks of a row (coalesced reads); keys past khi are zero-filled.
+    const auto load_tile = [&](int st, int kt) {
+      static_assert(BK * CH % kPThreads == 0);
+#pragma unroll
+      for (int u = 0; u < BK * CH / kPThreads; ++u) {
+        const int idx = tid + u * kPThreads, key = idx / CH, c = idx % CH, j = kt + key;
+        const bool ok = j <= khi;
+        int64_t off = 0;
+        if (ok) off = (int64_t{table[j / a.block_size]} * a.block_size + j % a.block_size) * kv_width + kvh * HD + c * 8;
+        const uint32_t d = 2 * (st * C::kKV + key * S + c * 8);
+        cp_async16(k_base + d, kc + off, ok);
+        cp_async16(v_base + d, vc + off, ok);
+      }
+      cp_async_commit();
+    };
+    load_tile(0, klo);
+
+    for (int it = 0; it < n_tiles; ++it) {
+      const int kt = klo + it * BK, st = it & 1;
+      if (it + 1 < n_tiles) {
+        load_tile(st ^ 1, kt + BK);  // the stage computed in iteration it - 1, freed by its barrier
+        cp_async_wait<1>();          // everything but the newest group: Q and tile it
+      } else {
+        cp_async_wait<0>();
       }
       __syncthreads();
-      if (__all_sync(0xffffffffu, !act_a && !act_b)) continue;  // no row of this warp is in this pass
 
-      // S [16 x kBK] = Q Kᵀ
-      float s[kBK / 8][4];
+      // Warp-uniform: may a row of the warp see a key of the tile, do all rows see all of them?
+      const bool all = kt >= all_lo && kt + BK - 1 <= all_hi;
+      if (kt <= any_hi && kt + BK - 1 >= any_lo) {
+        // S [2 m-tiles][BK / 8 n-tiles] = Q Kᵀ
+        float s[2][BK / 8][4];
 #pragma unroll
-      for (int nt = 0; nt < kBK / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk)
+          for (int nt = 0; nt < BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+        const uint32_t kb_addr = k_base + 2 * st * C::kKV + k_off;
+#pragma unroll 4  // a full unroll at head_dim 128 spilled more (ptxas hoists every fragment load)
+        for (int kk = 0; kk < HD / 16; ++kk) {
+          uint32_t qa[2][4];
+          ldsm_x4(qa[0], q_base + 2 * kk * 16);
+          ldsm_x4(qa[1], q_base + 2 * (16 * S + kk * 16));
 #pragma unroll
-        for (int nt = 0; nt < kBK / 8; ++nt) {
-          const __nv_bfloat16* kr = &Ks[(nt * 8 + g) * KS + kk * 16 + tig * 2];
-          mma_bf16(s[nt], qf[kk], *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
+          for (int np = 0; np < BK / 16; ++np) {
+            uint32_t kb[4];
+            ldsm_x4(kb, kb_addr + 2 * (np * 16 * S + kk * 16));
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma_bf16(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+              mma_bf16(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+            }
+          }
         }
-      // Scale, softcap, mask (causal, window, other sequences), in log2 units.
-      float mx_a = -INFINITY, mx_b = -INFINITY;
+        // Scale / softcap into log2 units, mask where the tile cuts a row's range, online softmax.
+        // Row i = 2 mt + half holds elements e = 2 half, 2 half + 1 of every n-tile.
 #pragma unroll
-      for (int nt = 0; nt < kBK / 8; ++nt)
+        for (int mt = 0; mt < 2; ++mt) {
+          // This thread's rows of the m-tile (hf 0, 1): their visible range, re-read from shared
+          // memory only on tiles that need a mask.
+          int lo[2] = {INT_MIN, INT_MIN}, hi[2] = {INT_MAX, INT_MAX};
+          if (!all)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = kt + nt * 8 + tig * 2 + (e & 1);
-          const bool rowb = e >= 2;
-          const bool ok = rowb ? (act_b && j >= lo_b && j <= hi_b) : (act_a && j >= lo_a && j <= hi_a);
-          float v = s[nt][e];
-          if (a.softcap > 0.0f) v = a.softcap * tanhf(v * a.scale / a.softcap) * 1.4426950408889634f;
-          else v *= sl2;
-          v = ok ? v : -INFINITY;
-          s[nt][e] = v;
-          if (rowb) mx_b = fmaxf(mx_b, v);
-          else mx_a = fmaxf(mx_a, v);
+            for (int hf = 0; hf < 2; ++hf) {
+              const int tl = row_of(2 * mt + hf) >> lgh;
+              const bool in = tok_seq[tl] == seq;
+              lo[hf] = in ? tok_lo[tl] : INT_MAX, hi[hf] = in ? tok_hi[tl] : INT_MIN;
+            }
+          float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+          for (int nt = 0; nt < BK / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float v = CAP ? post * tanhf(s[mt][nt][e] * pre) : s[mt][nt][e] * pre;
+              if (!all) {
+                const int j = kt + nt * 8 + tig * 2 + (e & 1);
+                v = j >= lo[e >> 1] && j <= hi[e >> 1] ? v : -INFINITY;
+              }
+              s[mt][nt][e] = v;
+              mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int i = 2 * mt + hf;
+            float x = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+            const float mn = fmaxf(m[i], x);
+            // A row with nothing visible yet keeps m = -inf: 0 as the reference gives exp2 0, not NaN.
+            const float ref = mn == -INFINITY ? 0.0f : mn;
+            const float alpha = exp2f(m[i] - ref);
+            m[i] = mn;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < BK / 8; ++nt) {
+              s[mt][nt][2 * hf] = exp2f(s[mt][nt][2 * hf] - ref);
+              s[mt][nt][2 * hf + 1] = exp2f(s[mt][nt][2 * hf + 1] - ref);
+              sum += s[mt][nt][2 * hf] + s[mt][nt][2 * hf + 1];
+            }
+            l[i] = fmaf(l[i], alpha, sum);  // per-thread partial sums; reduced over the quad at the end
+#pragma unroll
+            for (int dn = 0; dn < HD / 8; ++dn) o[mt][dn][2 * hf] *= alpha, o[mt][dn][2 * hf + 1] *= alpha;
+          }
         }
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-      const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-      // A row with nothing visible yet keeps m = -inf: use 0 as the reference so exp2 gives 0, not NaN.
-      const float ref_a = mn_a == -INFINITY ? 0.0f : mn_a, ref_b = mn_b == -INFINITY ? 0.0f : mn_b;
-      const float al_a = exp2f(m_a - ref_a), al_b = exp2f(m_b - ref_b);
-      m_a = mn_a;
-      m_b = mn_b;
-      float sum_a = 0.0f, sum_b = 0.0f;
+        // O += P V: the S accumulator layout is the A-fragment layout of P (two n-tiles per k-step).
+        const uint32_t vb_addr = v_base + 2 * st * C::kKV + v_off;
 #pragma unroll
-      for (int nt = 0; nt < kBK / 8; ++nt) {
-        s[nt][0] = exp2f(s[nt][0] - ref_a);
-        s[nt][1] = exp2f(s[nt][1] - ref_a);
-        s[nt][2] = exp2f(s[nt][2] - ref_b);
-        s[nt][3] = exp2f(s[nt][3] - ref_b);
-        sum_a += s[nt][0] + s[nt][1];
-        sum_b += s[nt][2] + s[nt][3];
-      }
-      l_a = l_a * al_a + sum_a;  // per-thread partial sums; reduced over the quad at the end
-      l_b = l_b * al_b + sum_b;
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          uint32_t pa[2][4];
 #pragma unroll
-      for (int dn = 0; dn < HD / 8; ++dn) {
-        o[dn][0] *= al_a;
-        o[dn][1] *= al_a;
-        o[dn][2] *= al_b;
-        o[dn][3] *= al_b;
-      }
-      // O += P V: the S accumulator layout is the A-fragment layout of P (two n-tiles per k-step).
+          for (int mt = 0; mt < 2; ++mt) {
+            pa[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          }
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                          pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+          for (int dp = 0; dp < HD / 16; ++dp) {
+            uint32_t vb[4];
+            ldsm_x4_trans(vb, vb_addr + 2 * (kk * 16 * S + dp * 16));
 #pragma unroll
-        for (int dn = 0; dn < HD / 8; ++dn) {
-          const __nv_bfloat16* vr = &Vt[(dn * 8 + g) * VS + kk * 16 + tig * 2];
-          mma_bf16(o[dn], pa, *reinterpret_cast<const uint32_t*>(vr), *reinterpret_cast<const uint32_t*>(vr + 8));
+            for (int mt = 0; mt < 2; ++mt) {
+              mma_bf16(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+              mma_bf16(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+            }
+          }
         }
       }
+      __syncthreads();  // every warp is done with stage st before the next iteration refills it
     }
   }
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) + int64_t{h} * HD;
-  const float ia = l_a > 0.0f ? 1.0f / l_a : 0.0f, ib = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+
+  // out[token, head, :] = O / l for the rows of real tokens (rows past n_tokens have seq -1).
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out);
 #pragma unroll
-  for (int dn = 0; dn < HD / 8; ++dn) {
-    const int c = dn * 8 + tig * 2;
-    if (seq_a >= 0)
-      *reinterpret_cast<__nv_bfloat162*>(out + int64_t{t0 + ra} * q_width + c) =
-          __floats2bfloat162_rn(o[dn][0] * ia, o[dn][1] * ia);
-    if (seq_b >= 0)
-      *reinterpret_cast<__nv_bfloat162*>(out + int64_t{t0 + rb} * q_width + c) =
-          __floats2bfloat162_rn(o[dn][2] * ib, o[dn][3] * ib);
+  for (int i = 0; i < 4; ++i) {
+    float li = l[i];
+    li += __shfl_xor_sync(0xffffffffu, li, 1);
+    li += __shfl_xor_sync(0xffffffffu, li, 2);
+    const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+    const int r = row_of(i);
+    if (tok_seq[r >> lgh] < 0) continue;
+    __nv_bfloat16* orow = out + int64_t{t0 + (r >> lgh)} * q_width + int64_t{h0 + (r & (gh - 1))} * HD;
+    const int mt = i >> 1, hf = i & 1;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; ++dn)
+      *reinterpret_cast<__nv_bfloat162*>(orow + dn * 8 + tig * 2) =
+          __floats2bfloat162_rn(o[mt][dn][2 * hf] * inv, o[mt][dn][2 * hf + 1] * inv);
   }
 }
 
@@ -613,10 +750,10 @@ void launch_decode_tiled(const AttnArgs& a, int n_splits, int kps, float* partia
   const int n_chunks = (group + kTiledMaxGroup - 1) / kTiledMaxGroup;
   const int hpc = (group + n_chunks - 1) / n_chunks;
   const dim3 grid(a.n_tokens, a.n_kv_heads * n_chunks, n_splits);
-  if (hpc <= 1) attn_decode_tiled_kernel<HD, 1><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
-  else if (hpc <= 2) attn_decode_tiled_kernel<HD, 2><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
-  else if (hpc <= 4) attn_decode_tiled_kernel<HD, 4><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
-  else attn_decode_tiled_kernel<HD, 8><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+  if (hpc <= 1) launch_pdl(attn_decode_tiled_kernel<HD, 1>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials);
+  else if (hpc <= 2) launch_pdl(attn_decode_tiled_kernel<HD, 2>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials);
+  else if (hpc <= 4) launch_pdl(attn_decode_tiled_kernel<HD, 4>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials);
+  else launch_pdl(attn_decode_tiled_kernel<HD, 8>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials);
 }
 
 }  // namespace
@@ -658,20 +795,53 @@ void launch_attention_decode(const AttnArgs& a, int n_splits, int kps, float* pa
       std::fprintf(stderr, "[cuda] attention: %d splits exceed the combine kernel's shared memory\n", n_splits);
       std::abort();
     }
-    attn_combine_kernel<<<dim3(a.n_tokens, a.n_heads), kCombineThreads, smem, s>>>(a, n_splits, partials);
+    launch_pdl(attn_combine_kernel, dim3(a.n_tokens, a.n_heads), kCombineThreads, smem, s, a, n_splits,
+               static_cast<const float*>(partials));
     KILN_CUDA_LAUNCH_CHECK("attention_combine");
   }
 }
 
 bool attention_prefill_supported(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
+namespace {
+
+template <int HD, bool CAP>
+void launch_prefill(const AttnArgs& a, int lgh, cudaStream_t s) {
+  constexpr size_t bytes = PrefillCfg<HD>::kBytes;  // > 48 KB at head_dim 64/128: opt in, once
+  static const bool raised = [] {
+    cudaFuncSetAttribute(attn_prefill_kernel<HD, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    return true;
+  }();
+  (void)raised;
+  const int group = a.n_heads / a.n_kv_heads, tb = kPRows >> lgh;
+  const dim3 grid(a.n_kv_heads * (group >> lgh), (a.n_tokens + tb - 1) / tb);
+  attn_prefill_kernel<HD, CAP><<<grid, kPThreads, bytes, s>>>(a, lgh);
+}
+
+template <int HD>
+void launch_prefill(const AttnArgs& a, int lgh, cudaStream_t s) {
+  if (a.softcap > 0.0f) launch_prefill<HD, true>(a, lgh, s);
+  else launch_prefill<HD, false>(a, lgh, s);
+}
+
+}  // namespace
+
 void launch_attention_prefill(const AttnArgs& a, cudaStream_t s) {
   if (a.n_tokens == 0) return;
-  dim3 grid((a.n_tokens + kBQ - 1) / kBQ, a.n_heads);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(a.q) || !aligned(a.k_cache) || !aligned(a.v_cache) || !aligned(a.out)) {
+    std::fprintf(stderr, "[cuda] attention prefill: q, caches and out must be 16-byte aligned\n");
+    std::abort();
+  }
+  // Heads per block: the largest power of two <= 8 that divides the GQA group (1 for odd groups).
+  // (The block count is n_tokens * n_heads / 128 whatever this choice: it only sets the K/V reuse.)
+  const int group = a.n_heads / a.n_kv_heads;
+  int lgh = 0;
+  while (lgh < 3 && group % (2 << lgh) == 0) ++lgh;
   switch (a.head_dim) {
-    case 32: attn_prefill_kernel<32><<<grid, 128, 0, s>>>(a); break;
-    case 64: attn_prefill_kernel<64><<<grid, 128, 0, s>>>(a); break;
-    case 128: attn_prefill_kernel<128><<<grid, 128, 0, s>>>(a); break;
+    case 32: launch_prefill<32>(a, lgh, s); break;
+    case 64: launch_prefill<64>(a, lgh, s); break;
+    case 128: launch_prefill<128>(a, lgh, s); break;
     default: std::fprintf(stderr, "[cuda] attention prefill: head_dim %d\n", a.head_dim); std::abort();
   }
   KILN_CUDA_LAUNCH_CHECK("attention_prefill");

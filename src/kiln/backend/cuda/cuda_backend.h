@@ -69,6 +69,15 @@ class CudaBackend final : public Backend {
   void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
                    Tensor& ids) override;
   bool device_memory(size_t* free_bytes, size_t* total_bytes) const override;
+  // MoE (cuda_moe_ops.cpp, kernels in moe.cu): routing on the device (up to kMoeRouteMaxExperts
+  // experts); the experts on the device for up to kMoeMaxTokens tokens when every expert is a dense
+  // float gated MLP of one dtype and shape (then moe_on_device is true), else Backend's host default
+  // (quantized experts, prefill). KILN_CUDA_MOE=0 always takes the default (A/B measurements).
+  static constexpr int64_t kMoeMaxTokens = 16;
+  void moe_route(const Tensor& logits, int top_k, bool norm_topk_prob, Tensor& ids, Tensor& weights) override;
+  void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, Activation act, const Tensor& ids,
+                   const Tensor& weights, Tensor& out) override;
+  bool moe_on_device(std::span<const ExpertWeights> experts, int64_t n_tokens) const override;
 
   // Converts a device float tensor to another float dtype (tests; weights of other dtypes).
   Tensor convert(const Tensor& t, DType to);
@@ -81,9 +90,13 @@ class CudaBackend final : public Backend {
   std::pair<size_t, size_t> memory_info() const;
 
   struct Impl;
+  struct MoeCache;
 
  private:
   std::unique_ptr<Impl> impl_;
+  // Per MoE layer: whether its experts take the device path, and their device pointer table
+  // (built at first use). shared_ptr: its type is complete only in cuda_moe_ops.cpp.
+  mutable std::shared_ptr<MoeCache> moe_;
 };
 
 }  // namespace kiln::backend::cuda

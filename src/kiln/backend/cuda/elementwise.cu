@@ -2,6 +2,8 @@
 // writes, gated activations, add/scale/softcap, bias, row gather/scatter (MoE), argmax, convert.
 // Math is f32 whatever the storage type; each result is rounded once.
 #include <cfloat>
+#include <cstdlib>
+#include <cstring>
 
 #include "kiln/backend/cuda/row_ops.cuh"
 
@@ -210,6 +212,14 @@ void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void
                static_cast<const T*>(up), act, n, static_cast<T*>(out));
   });
   KILN_CUDA_LAUNCH_CHECK("gated_act");
+}
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_PDL");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
 }
 
 void launch_add(const void* a, const void* b, void* y, int64_t n, Dt t, cudaStream_t s) {

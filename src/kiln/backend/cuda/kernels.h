@@ -77,9 +77,10 @@ constexpr int kAttnGenericMaxKeysPerSplit = 1024;
 bool attention_decode_tiled(const AttnArgs& a);
 int64_t attention_partials_floats(const AttnArgs& a, int n_splits);
 void launch_attention_decode(const AttnArgs& a, int n_splits, int keys_per_split, float* partials, cudaStream_t s);
-// Tensor-core (mma.sync bf16) flash-attention kernel for query tiles of 64 tokens; any batch
-// (tiles mixing sequences take one pass per sequence). head_dim must satisfy
-// attention_prefill_supported().
+// Tensor-core (mma.sync bf16) flash-attention kernel: blocks of 128 query rows (tokens x the heads
+// of a GQA group, which share each K/V tile), K/V double-buffered by cp.async; any batch (tiles
+// mixing sequences take one pass per sequence). head_dim must satisfy attention_prefill_supported();
+// q, caches and out 16-byte aligned (device allocations are).
 bool attention_prefill_supported(int head_dim);
 void launch_attention_prefill(const AttnArgs& a, cudaStream_t s);
 
@@ -125,5 +126,41 @@ struct GemvFastMulti {
   Dt y_t[kMax] = {};
 };
 void launch_gemv_fast_multi(const void* x, int64_t in, const GemvFastMulti& m, cudaStream_t s);
+
+}  // namespace kiln::backend::cuda
+
+// ---- MoE on the device (moe.cu): routing and the experts' gated MLPs for decode-sized batches,
+// reading the chosen expert ids from device memory (no host round trip; graph-capturable).
+namespace kiln::backend::cuda {
+
+// Router (semantics of Backend::moe_route, f32 math): per token, softmax of logits [n, E], the
+// top_k by logit (= by probability; ties to the lower index), best first, into ids/weights [n, k].
+constexpr int64_t kMoeRouteMaxExperts = 8192;  // the logits row lives in shared memory
+void launch_moe_route(const void* logits, Dt lt, int64_t n, int64_t n_experts, int top_k, bool norm_topk_prob,
+                      int32_t* ids, float* weights, cudaStream_t s);
+
+// Experts (semantics of Backend::moe_experts): for each pair p = (t, j) of the n * k, expert
+// e = ids[p] (outside [0, E): the pair adds nothing) gives h[p] = act(x[t]·gate_eᵀ) * (x[t]·up_eᵀ)
+// and y[p] = h[p]·down_eᵀ (bf16 scratch, rounded where the default's bf16 tensors round), then
+// out[t] = Σ weights[p] * y[p] over t's pairs in increasing e, rounding to out's dtype at each add
+// (as scatter_add_rows). gate/up/down: device tables of E weight pointers, [ffn, dim] / [dim, ffn].
+struct MoeExpertsArgs {
+  const void* x;  // [n, dim] of xt
+  Dt xt;
+  const void* const* gate;  // [E] device pointers
+  const void* const* up;
+  const void* const* down;
+  Dt wt;
+  const int32_t* ids;   // [n, k]
+  const float* weights; // [n, k]
+  int64_t n, k, n_experts, dim, ffn;
+  int act;         // 0 silu, 1 gelu_tanh, 2 gelu erf (as launch_gated_act)
+  bool vector;     // 16-byte weight loads: every row of every expert (and x, h) aligned for them
+  void* h;         // scratch [n * k, ffn] bf16
+  void* y;         // scratch [n * k, dim] bf16
+  void* out;       // [n, dim] of ot
+  Dt ot;
+};
+void launch_moe_experts(const MoeExpertsArgs& a, cudaStream_t s);
 
 }  // namespace kiln::backend::cuda

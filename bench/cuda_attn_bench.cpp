@@ -1,0 +1,91 @@
+// cuda_attn_bench: the CUDA prefill attention kernel alone on llama-3-8b's heads (32 query heads,
+// 8 kv heads, head_dim 128, cache blocks of 16 rows, random bf16 data): whole causal prompts of
+// 512 / 2048 / 8192 tokens in one sequence, and 4 prompts of 2048 in one ragged batch. Reports the
+// median time of 10 timed batches after warm-up and the rate in causal FLOPs (4 * head_dim *
+// n_heads * visible keys summed over tokens). One JSON line per case; exits 1 without a device.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "kiln/backend/backend.h"
+
+using namespace kiln;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+
+Tensor random_bf16(Shape s, uint64_t seed) {
+  Tensor t = Tensor::host(DType::bf16, std::move(s));
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+    t.ptr<uint16_t>()[i] = f32_to_bf16(static_cast<float>(z >> 40) / 8388608.0f - 1.0f);
+  }
+  return t;
+}
+
+Tensor host_i32(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::host(DType::i32, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.ptr<int32_t>());
+  return t;
+}
+
+// n_seqs prompts of `len` tokens each, all queried (a whole prefill step); blocks laid out in order.
+void run_case(backend::Backend& be, int n_seqs, int len) {
+  const int blocks_per_seq = (len + kBlock - 1) / kBlock, n = n_seqs * len;
+  const int64_t kv_width = int64_t{kKvHeads} * kHeadDim, q_width = int64_t{kHeads} * kHeadDim;
+  std::vector<int32_t> tables, seq, pos;
+  for (int s = 0; s < n_seqs; ++s) {
+    for (int b = 0; b < blocks_per_seq; ++b) tables.push_back(s * blocks_per_seq + b);
+    for (int j = 0; j < len; ++j) seq.push_back(s), pos.push_back(j);
+  }
+  const int64_t n_blocks = int64_t{n_seqs} * blocks_per_seq;
+  Tensor kc = be.upload(random_bf16({n_blocks, kBlock, kv_width}, 1)),
+         vc = be.upload(random_bf16({n_blocks, kBlock, kv_width}, 2)), q = be.upload(random_bf16({n, q_width}, 3));
+  Tensor bt = be.upload(host_i32(tables)), ts = be.upload(host_i32(seq)), tp = be.upload(host_i32(pos));
+  Tensor out = be.alloc(DType::bf16, {n, q_width});
+  backend::AttnParams p;
+  p.n_heads = kHeads, p.n_kv_heads = kKvHeads, p.head_dim = kHeadDim, p.block_size = kBlock;
+  p.max_blocks = blocks_per_seq, p.scale = 0.08838834764831845f;
+  const auto f = [&] { be.attention(q, kc, vc, bt, ts, tp, p, out); };
+  for (int i = 0; i < 3; ++i) f();
+  be.synchronize();
+  const int per_batch = std::max(1, (1 << 24) / (len * len) * 4);
+  std::vector<double> ts_s;
+  for (int r = 0; r < 10; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < per_batch; ++i) f();
+    be.synchronize();
+    ts_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / per_batch);
+  }
+  std::sort(ts_s.begin(), ts_s.end());
+  const double t = ts_s[ts_s.size() / 2];
+  const double keys = double(n_seqs) * len * (len + 1.0) / 2.0;  // visible keys summed over tokens
+  const double tflops = 4.0 * kHeadDim * kHeads * keys / t / 1e12;
+  std::printf("{\"case\": \"prefill %dx%d\", \"heads\": \"%d/%d x %d\", \"ms\": %.3f, \"TFLOPs\": %.1f}\n", n_seqs,
+              len, kHeads, kKvHeads, kHeadDim, t * 1e3, tflops);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main() {
+  if (!backend::cuda_device_available()) {
+    std::fprintf(stderr, "cuda_attn_bench: no CUDA device\n");
+    return 1;
+  }
+  try {
+    auto be = backend::make_cuda_backend(0);
+    run_case(*be, 1, 512);
+    run_case(*be, 1, 2048);
+    run_case(*be, 1, 8192);
+    run_case(*be, 4, 2048);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_attn_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
