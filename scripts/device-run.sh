@@ -5,8 +5,8 @@
 #   .devcarry/bin.tar.xz  kiln, test and bench executables   .devcarry/lib   non-system shared libs
 #   .devcarry/shared  copies of ../shared/models and ../shared/bench
 # Usage (on the device): scripts/device-run.sh MODE   Logs go to $OUT (else /tmp/out). MODE:
-#   tests  every GPU test (ctest label `gpu`): backend-ops parity (dense and quantized; 4-bit on each GEMV
-#          variant: KILN_CUDA_QGEMV unset / round / ffma), every model's greedy tokens (float and
+#   tests  every GPU test (ctest label `gpu`): backend-ops parity (dense and quantized; 4-bit on both GEMV
+#          kernels: tensor cores and, with KILN_CUDA_QGEMV=ffma, CUDA cores), every model's greedy tokens (float and
 #          quantized), engine graphs/allocations, device sampling
 #   micro  the machine's ceilings and the GEMV micro-benchmark (one decode step's projections)
 #   prep   `kiln synth` llama-3-8b and qwen2.5-7b (bf16) and `kiln convert -q --q-bits 4 --q-group-size 64`
@@ -44,11 +44,11 @@ if want prep first; then  # CPU-bound: in the background while the GPU runs the 
   prep=$!
 fi
 if want tests first; then
-  for t in cuda_ops_test cuda_qops_test "round cuda_qops_test" "ffma cuda_qops_test" cuda_models_test \
-           cuda_quantized_model_test "round cuda_quantized_model_test" cuda_engine_test cuda_sampling_test; do
+  for t in cuda_ops_test cuda_qops_test "ffma cuda_qops_test" cuda_models_test cuda_quantized_model_test \
+           cuda_engine_test cuda_sampling_test; do
     el "=== $t"
     env=""
-    case "${t%% *}" in round|ffma) env="KILN_CUDA_QGEMV=${t%% *}"; t=${t#* } ;; esac
+    case "${t%% *}" in ffma) env="KILN_CUDA_QGEMV=${t%% *}"; t=${t#* } ;; esac
     env $env LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/$t" 2>&1 | tee -a "$OUT/tests.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|error|Expected|Which is|knife-edge|rel-L2|max error|graph replays|chi2" |
       head -n 40
@@ -60,7 +60,7 @@ if want micro first; then
   kl timeout 60 "$X/bin/cuda_ceiling_bench" | tee "$OUT/ceilings.json" || status=1
   [ -x "$X/bin/cuda_attn_bench" ] && { el "=== cuda_attn_bench"; kl timeout 90 "$X/bin/cuda_attn_bench" | tee "$OUT/attn_bench.txt"; }
   el "=== cuda_qgemv_bench (one decode step's projections)"
-  for b in "16 1" "4 1" "4 1 round" "4 4" "4 8" "16 128"; do
+  for b in "16 1" "4 1" "4 1 ffma" "4 8"; do
     set -- $b
     env=""; [ -n "${3:-}" ] && env="KILN_CUDA_QGEMV=$3"
     echo "--- bits $1 batch $2 ${3:-}"
@@ -78,8 +78,8 @@ if want perf second; then
   : > "$OUT/model_bench.jsonl"
   for mp in "llama-3-8b 1:2048:2,1:128:257,8:128:129,32:128:129,64:128:129,128:128:129" \
             "qwen2.5-7b 1:2048:2,1:128:257,8:128:129,32:128:129,64:128:129,128:128:129" \
-            "llama-3-8b-q4 1:2048:2,1:128:257,4:128:129,8:128:129" "llama-3-8b-q4 1:128:257 KILN_CUDA_QGEMV=round" \
-            "llama-3-8b 1:128:257 KILN_CUDA_PDL=0" "llama-3-8b-q4 1:128:257 KILN_CUDA_PDL=0"; do
+            "llama-3-8b-q4 1:2048:2,1:128:257,4:128:129,8:128:129" "llama-3-8b 1:128:257 KILN_CUDA_PDL=0" \
+            "llama-3-8b-q4 1:128:257 KILN_CUDA_PDL=0"; do
     set -- $mp
     el "=== model_bench $1 ${3:-}"
     [ -f "$M/$1/config.json" ] || { echo "missing $M/$1 (run prep first)"; status=1; continue; }
