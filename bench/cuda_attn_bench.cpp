@@ -4,28 +4,19 @@
 // median time of 10 timed batches after warm-up and the rate in causal FLOPs (4 * head_dim *
 // n_heads * visible keys summed over tokens). One JSON line per case; exits 1 without a device.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <vector>
 
+#include "bench_util.h"
 #include "kiln/backend/backend.h"
 
 using namespace kiln;
-using Clock = std::chrono::steady_clock;
+using bench::median_seconds;
+using bench::random_bf16;
 
 namespace {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
-
-Tensor random_bf16(Shape s, uint64_t seed) {
-  Tensor t = Tensor::host(DType::bf16, std::move(s));
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    z ^= z << 13, z ^= z >> 7, z ^= z << 17;
-    t.ptr<uint16_t>()[i] = f32_to_bf16(static_cast<float>(z >> 40) / 8388608.0f - 1.0f);
-  }
-  return t;
-}
 
 Tensor host_i32(const std::vector<int32_t>& v) {
   Tensor t = Tensor::host(DType::i32, {static_cast<int64_t>(v.size())});
@@ -51,18 +42,7 @@ void run_case(backend::Backend& be, int n_seqs, int len) {
   p.n_heads = kHeads, p.n_kv_heads = kKvHeads, p.head_dim = kHeadDim, p.block_size = kBlock;
   p.max_blocks = blocks_per_seq, p.scale = 0.08838834764831845f;
   const auto f = [&] { be.attention(q, kc, vc, bt, ts, tp, p, out); };
-  for (int i = 0; i < 3; ++i) f();
-  be.synchronize();
-  const int per_batch = std::max(1, (1 << 24) / (len * len) * 4);
-  std::vector<double> ts_s;
-  for (int r = 0; r < 10; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < per_batch; ++i) f();
-    be.synchronize();
-    ts_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / per_batch);
-  }
-  std::sort(ts_s.begin(), ts_s.end());
-  const double t = ts_s[ts_s.size() / 2];
+  const double t = median_seconds(be, f, std::max(1, (1 << 24) / (len * len) * 4));
   const double keys = double(n_seqs) * len * (len + 1.0) / 2.0;  // visible keys summed over tokens
   const double tflops = 4.0 * kHeadDim * kHeads * keys / t / 1e12;
   std::printf("{\"case\": \"prefill %dx%d\", \"heads\": \"%d/%d x %d\", \"ms\": %.3f, \"TFLOPs\": %.1f}\n", n_seqs,

@@ -2,45 +2,14 @@
 // bounds in BENCHMARKS.md: device-to-device copy bandwidth (bytes read + written, 4 GiB buffers)
 // and the bf16 GEMM rate (8192 x 8192 x 8192 through cuBLASLt, random data). Median of 10 timed
 // batches after warm-up. Prints one JSON line. Exits 1 when there is no CUDA device.
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <vector>
 
+#include "bench_util.h"
 #include "kiln/backend/backend.h"
 
 using namespace kiln;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-// A host bf16 tensor of uniform values in [-1, 1] (xorshift; values matter for GEMM power draw).
-Tensor random_bf16(Shape s, uint64_t seed) {
-  Tensor t = Tensor::host(DType::bf16, std::move(s));
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    z ^= z << 13, z ^= z >> 7, z ^= z << 17;
-    t.ptr<uint16_t>()[i] = f32_to_bf16(static_cast<float>(z >> 40) / 8388608.0f - 1.0f);
-  }
-  return t;
-}
-
-template <typename F>
-double median_seconds(backend::Backend& be, F&& f, int per_batch) {
-  for (int i = 0; i < 3; ++i) f();
-  be.synchronize();
-  std::vector<double> ts;
-  for (int r = 0; r < 10; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < per_batch; ++i) f();
-    be.synchronize();
-    ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / per_batch);
-  }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
-
-}  // namespace
+using bench::median_seconds;
+using bench::random_bf16;
 
 int main() {
   if (!backend::cuda_device_available()) {

@@ -16,6 +16,8 @@ namespace {
 
 using test::Rng;
 using test::to_floats;
+using test::Experts;
+using test::random_experts;
 
 // The routing of moe_block (before the op existed), from scratch: ids [n, k] and weights [n, k].
 void reference_route(const std::vector<float>& logits, int64_t n, int64_t n_experts, int k, bool norm,
@@ -111,29 +113,6 @@ TEST_P(CpuMoe, RouteRejectsBadArguments) {
   EXPECT_EQ(w.ptr<float>()[0], 0.5f);
 }
 
-struct Experts {
-  std::vector<Weight> gate, up, down;
-  std::vector<ExpertWeights> refs() const {
-    std::vector<ExpertWeights> r(gate.size());
-    for (size_t e = 0; e < gate.size(); ++e) r[e] = {&gate[e], &up[e], &down[e]};
-    return r;
-  }
-};
-
-Experts random_experts(Rng& rng, DType wt, int64_t n_experts, int64_t dim, int64_t ffn) {
-  Experts ex;
-  auto dense = [](Tensor t) {
-    Weight w;
-    w.w = std::move(t);
-    return w;
-  };
-  for (int64_t e = 0; e < n_experts; ++e) {
-    ex.gate.push_back(dense(rng.tensor(wt, {ffn, dim}, 1.0f / std::sqrt(float(dim)))));
-    ex.up.push_back(dense(rng.tensor(wt, {ffn, dim}, 1.0f / std::sqrt(float(dim)))));
-    ex.down.push_back(dense(rng.tensor(wt, {dim, ffn}, 1.0f / std::sqrt(float(ffn)))));
-  }
-  return ex;
-}
 
 double act_ref(double g, Activation a) {
   if (a == Activation::silu) return g / (1.0 + std::exp(-g));

@@ -4,6 +4,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
@@ -99,5 +100,31 @@ class LevelTest : public ::testing::TestWithParam<SimdLevel> {
     return be;
   }
 };
+
+// Dense random experts for the MoE op tests (CPU defaults and CUDA parity): gate/up [ffn, dim],
+// down [dim, ffn], entries ~ 1/sqrt(fan-in) so outputs stay O(1).
+struct Experts {
+  std::vector<Weight> gate, up, down;
+  std::vector<ExpertWeights> refs() const {
+    std::vector<ExpertWeights> r(gate.size());
+    for (size_t e = 0; e < gate.size(); ++e) r[e] = {&gate[e], &up[e], &down[e]};
+    return r;
+  }
+};
+
+inline Experts random_experts(Rng& rng, DType wt, int64_t n_experts, int64_t dim, int64_t ffn) {
+  Experts ex;
+  auto dense = [](Tensor t) {
+    Weight w;
+    w.w = std::move(t);
+    return w;
+  };
+  for (int64_t e = 0; e < n_experts; ++e) {
+    ex.gate.push_back(dense(rng.tensor(wt, {ffn, dim}, 1.0f / std::sqrt(float(dim)))));
+    ex.up.push_back(dense(rng.tensor(wt, {ffn, dim}, 1.0f / std::sqrt(float(dim)))));
+    ex.down.push_back(dense(rng.tensor(wt, {dim, ffn}, 1.0f / std::sqrt(float(ffn)))));
+  }
+  return ex;
+}
 
 }  // namespace kiln::backend::cpu::test

@@ -579,29 +579,9 @@ TEST_F(CudaOps, FusedOpsLaunchFused) {
 // ---- MoE (moe_route, moe_experts): the device path against the CPU's host-routing defaults.
 namespace moe {
 
-struct Experts {
-  std::vector<Weight> gate, up, down;
-  std::vector<ExpertWeights> refs() const {
-    std::vector<ExpertWeights> r(gate.size());
-    for (size_t e = 0; e < gate.size(); ++e) r[e] = {&gate[e], &up[e], &down[e]};
-    return r;
-  }
-};
+using cpu::test::Experts;
+using cpu::test::random_experts;
 
-Experts random_experts(Rng& rng, DType wt, int64_t n_experts, int64_t dim, int64_t ffn) {
-  Experts ex;
-  auto dense = [](Tensor t) {
-    Weight w;
-    w.w = std::move(t);
-    return w;
-  };
-  for (int64_t e = 0; e < n_experts; ++e) {
-    ex.gate.push_back(dense(rng.tensor(wt, {ffn, dim}, 1.0f / std::sqrt(float(dim)))));
-    ex.up.push_back(dense(rng.tensor(wt, {ffn, dim}, 1.0f / std::sqrt(float(dim)))));
-    ex.down.push_back(dense(rng.tensor(wt, {dim, ffn}, 1.0f / std::sqrt(float(ffn)))));
-  }
-  return ex;
-}
 
 // Router logits as bf16 values (what the CUDA router matmul writes), on a coarse grid when `ties`.
 Tensor logits(Rng& rng, int64_t n, int64_t n_experts, bool ties) {

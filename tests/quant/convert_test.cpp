@@ -280,7 +280,9 @@ TEST(ConvertMoe, FloatFoldersAreStackedLosslessly) {
     EXPECT_FALSE(cfg.contains("quantization"));
     // The keys mlx-lm's ModelArgs read, next to transformers 5's (which stay).
     EXPECT_EQ(cfg["rope_theta"], cfg["rope_parameters"]["rope_theta"]) << mc.model;
-    if (mc.model == "tiny-qwen3_moe") EXPECT_EQ(cfg["num_experts"], cfg["num_local_experts"]);
+    if (mc.model == "tiny-qwen3_moe") {
+      EXPECT_EQ(cfg["num_experts"], cfg["num_local_experts"]);
+    }
     // Non-expert tensors pass through.
     io::WeightSet src = io::WeightSet::open_dir(moe_options(mc, dst.path, 0, 0).hf_path), out = io::WeightSet::open_dir(dst.path.string());
     const std::string router = "model.layers.1." + mc.router + ".weight";
@@ -307,7 +309,9 @@ TEST(ConvertMoe, QuantizedExpertsAndRouterRules) {
       const std::string router = "model.layers." + std::to_string(l) + "." + mc.router;
       const std::string down = "model.layers." + std::to_string(l) + "." + mc.block + ".switch_mlp.down_proj";
       EXPECT_EQ(cfg["quantization"].contains(router), qwen) << router;
-      if (qwen) EXPECT_EQ(cfg["quantization"][router], (Json{{"bits", 8}, {"group_size", 64}, {"mode", "affine"}}));
+      if (qwen) {
+        EXPECT_EQ(cfg["quantization"][router], (Json{{"bits", 8}, {"group_size", 64}, {"mode", "affine"}}));
+      }
       auto p = qc->for_module(router, out.has(router + ".scales"));
       ASSERT_TRUE(p) << router;
       EXPECT_EQ(p->bits, router_bits);

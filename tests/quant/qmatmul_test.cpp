@@ -99,7 +99,9 @@ TEST_P(QuantOps, MatmulAddsBiasAndReadsRowSlices) {
       for (int64_t o = 0; o < out; ++o) {
         const double b = bf16_to_f32(w.bias.ptr<uint16_t>()[o]);
         ASSERT_NEAR(y.ptr<float>()[t * out + o], ref[t * out + o] + b, 1e-4) << "n " << n << " o " << o;
-        if (o >= 8 && o < 20) ASSERT_NEAR(yv.ptr<float>()[t * 12 + o - 8], ref[t * out + o], 1e-4);
+        if (o >= 8 && o < 20) {
+          ASSERT_NEAR(yv.ptr<float>()[t * 12 + o - 8], ref[t * out + o], 1e-4);
+        }
       }
   }
 }

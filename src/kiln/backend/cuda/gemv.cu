@@ -14,27 +14,6 @@ namespace {
 constexpr int kWarps = 8;   // warps (output rows) per block
 constexpr int kUnroll = 4;  // 16-byte loads in flight per lane (8 measured slower: 109 vs 129 tok/s)
 
-// Loads VEC consecutive elements of p (aligned to VEC * sizeof(T)) as floats, with the widest loads.
-template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
-  constexpr int bytes = VEC * static_cast<int>(sizeof(T));
-  if constexpr (bytes % 16 == 0) {
-#pragma unroll
-    for (int c = 0; c < bytes / 16; ++c) {
-      uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + c);
-      const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-      for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) v[c * (16 / sizeof(T)) + i] = to_f(e[i]);
-    }
-  } else {
-    static_assert(bytes == 8, "load_vec: 8 or 16*k bytes");
-    uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
-    const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) v[i] = to_f(e[i]);
-  }
-}
-
 __device__ __forceinline__ float load_any(const void* p, Dt t, int64_t i) {
   switch (t) {
     case Dt::f32: return static_cast<const float*>(p)[i];

@@ -64,27 +64,6 @@ __global__ void moe_route_kernel(const LT* logits, int64_t n_experts, int top_k,
 
 // ---- experts
 
-// Loads VEC consecutive elements of p as floats (8 bytes, or 16 * m bytes, aligned to that).
-template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
-  constexpr int bytes = VEC * static_cast<int>(sizeof(T));
-  if constexpr (bytes % 16 == 0) {
-#pragma unroll
-    for (int c = 0; c < bytes / 16; ++c) {
-      uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + c);
-      const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-      for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) v[c * (16 / sizeof(T)) + i] = to_f(e[i]);
-    }
-  } else {
-    static_assert(bytes == 8, "load_vec: 8 or 16*m bytes");
-    uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
-    const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) v[i] = to_f(e[i]);
-  }
-}
-
 // acc[m] += Σ_i a[i] * w_m[i] over i < len, for NW weight rows sharing the input row a: lane-strided
 // vector steps (VECTOR) or elements; the caller reduces over the warp.
 template <typename AT, typename WT, int NW, bool VECTOR>
