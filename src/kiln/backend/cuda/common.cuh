@@ -57,6 +57,15 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
   }
 }
 
+// A 16-byte load of data read once (weights): read-only path, not kept in L1 (so it does not evict x).
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

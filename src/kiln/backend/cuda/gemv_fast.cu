@@ -18,14 +18,6 @@ namespace {
 constexpr int kFastWarps = 4;  // warps (rows) per block
 constexpr int kLoads = 16;     // 16-byte weight loads per lane per round (256 B in flight per lane)
 
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // Σ of the 8 products of two bf16x8 vectors (bf16 is the high half of an f32), into acc.
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc) {
   const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};

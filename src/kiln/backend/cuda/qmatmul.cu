@@ -297,14 +297,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {  // read once: keep it out of L1
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // Codes i and i + 4 of word w (i in 0..3) dequantized: bf16x2 (s·q_i + b, s·q_{i+4} + b).
 __device__ __forceinline__ uint32_t deq_pair(uint32_t w, int i, __nv_bfloat162 s, __nv_bfloat162 b) {
   const uint32_t m = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;  // (128 + q_i, 128 + q_{i+4})
