@@ -101,6 +101,25 @@ class LevelTest : public ::testing::TestWithParam<SimdLevel> {
   }
 };
 
+// Error statistics of a device result against the CPU's f32 reference into *st, asserting equal sizes and
+// that every device value is finite (outputs are poisoned with NaN first, so a finite value was written).
+// Call as ASSERT_NO_FATAL_FAILURE(close_stats(...)).
+struct CloseStats {
+  double sq_err = 0, sq_ref = 0, max_err = 0, max_ref = 0;  // Σ e², Σ ref², max |e|, max |ref|
+};
+inline void close_stats(const std::vector<float>& got, const std::vector<float>& ref, const std::string& what,
+                        CloseStats* st) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i] << " (not written?)";
+    const double e = std::abs(double(got[i]) - ref[i]);
+    st->sq_err += e * e;
+    st->sq_ref += double(ref[i]) * ref[i];
+    st->max_err = std::max(st->max_err, e);
+    st->max_ref = std::max(st->max_ref, std::abs(double(ref[i])));
+  }
+}
+
 // Dense random experts for the MoE op tests (CPU defaults and CUDA parity): gate/up [ffn, dim],
 // down [dim, ffn], entries ~ 1/sqrt(fan-in) so outputs stay O(1).
 struct Experts {

@@ -31,19 +31,11 @@ Tol tol_for(DType out) { return out == DType::f32 ? Tol{1e-4, 1e-4} : Tol{1e-2, 
 
 // Compares the device result (any float dtype) with the CPU's f32 result; every value must be finite.
 void expect_close(const std::vector<float>& got, const std::vector<float>& ref, DType out_dtype, const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
   const Tol tol = tol_for(out_dtype);
-  double num = 0, den = 0, max_err = 0, max_ref = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i] << " (not written?)";
-    const double e = std::abs(double(got[i]) - ref[i]);
-    num += e * e;
-    den += double(ref[i]) * ref[i];
-    max_err = std::max(max_err, e);
-    max_ref = std::max(max_ref, std::abs(double(ref[i])));
-  }
-  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  const double relmax = max_ref > 0 ? max_err / max_ref : max_err;
+  cpu::test::CloseStats st;
+  ASSERT_NO_FATAL_FAILURE(cpu::test::close_stats(got, ref, what, &st));
+  const double rel = st.sq_ref > 0 ? std::sqrt(st.sq_err / st.sq_ref) : std::sqrt(st.sq_err);
+  const double relmax = st.max_ref > 0 ? st.max_err / st.max_ref : st.max_err;
   EXPECT_LE(rel, tol.rel_l2) << what << " rel-L2";
   EXPECT_LE(relmax, tol.rel_max) << what << " max error / max |ref|";
 }

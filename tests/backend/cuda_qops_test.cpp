@@ -29,19 +29,11 @@ using cpu::test::to_floats;
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double tol_l2, double tol_max,
                   const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  double num = 0, den = 0, max_err = 0, max_ref = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " is " << got[i] << " (not written?)";
-    const double e = std::abs(double(got[i]) - ref[i]);
-    num += e * e;
-    den += double(ref[i]) * ref[i];
-    max_err = std::max(max_err, e);
-    max_ref = std::max(max_ref, std::abs(double(ref[i])));
-  }
-  ASSERT_GT(den, 0) << what << ": the reference is all zeros";
-  EXPECT_LE(std::sqrt(num / den), tol_l2) << what << " rel-L2";
-  EXPECT_LE(max_err / max_ref, tol_max) << what << " max error / max |ref|";
+  cpu::test::CloseStats st;
+  ASSERT_NO_FATAL_FAILURE(cpu::test::close_stats(got, ref, what, &st));
+  ASSERT_GT(st.sq_ref, 0) << what << ": the reference is all zeros";
+  EXPECT_LE(std::sqrt(st.sq_err / st.sq_ref), tol_l2) << what << " rel-L2";
+  EXPECT_LE(st.max_err / st.max_ref, tol_max) << what << " max error / max |ref|";
 }
 
 // Whether 4-bit weights take the tensor-core GEMV (the default; KILN_CUDA_QGEMV=ffma turns it off).

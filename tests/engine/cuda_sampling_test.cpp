@@ -141,19 +141,6 @@ DeviceRun device_sample(backend::Backend& be, const std::vector<float>& logits, 
   return r;
 }
 
-backend::SampleParams to_device(const SamplingParams& p, double u) {
-  backend::SampleParams d;
-  d.temperature = p.temperature;
-  d.top_p = p.top_p;
-  d.min_p = p.min_p;
-  d.top_k = p.top_k;
-  d.repetition_penalty = p.repetition_penalty;
-  d.presence_penalty = p.presence_penalty;
-  d.frequency_penalty = p.frequency_penalty;
-  d.uniform = u;
-  return d;
-}
-
 #define REQUIRE_GPU() \
   if (!backend::cuda_device_available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)"
 
@@ -187,7 +174,7 @@ TEST(CudaSampling, GreedyAndPenaltiesMatchTheHostExactly) {
       std::span<float> row(expect.data() + r * vocab, static_cast<size_t>(vocab));
       engine::apply_penalties(p, row, context, generated);
       expect_ids.push_back(engine::argmax(row));
-      params.push_back(to_device(p, 0.0));
+      params.push_back(engine::device_sample_params(p, 0.0));
       std::map<int32_t, backend::LogitAdjust> touched;
       for (auto [id, b] : p.logit_bias) touched[id].bias = b;
       if (p.repetition_penalty != 1.0f)
@@ -250,7 +237,7 @@ TEST(CudaSampling, FiltersAndDistributionMatchTheHostSampler) {
     std::uniform_real_distribution<double> U(0.0, 1.0);
     for (int64_t i = 0; i < n; ++i) {
       logits.insert(logits.end(), row.begin(), row.end());
-      params.push_back(to_device(p, U(g)));
+      params.push_back(engine::device_sample_params(p, U(g)));
     }
     DeviceRun d = device_sample(*be, logits, n, vocab, params);
     std::map<int32_t, int> dev_counts;
@@ -279,7 +266,7 @@ TEST(CudaSampling, NonFiniteLogitsAreNeverDrawn) {
   SamplingParams p;
   p.temperature = 1.0f;
   std::vector<backend::SampleParams> params;
-  for (int i = 0; i < 64; ++i) params.push_back(to_device(p, (i + 0.5) / 64));
+  for (int i = 0; i < 64; ++i) params.push_back(engine::device_sample_params(p, (i + 0.5) / 64));
   std::vector<float> logits;
   for (int i = 0; i < 64; ++i) logits.insert(logits.end(), row.begin(), row.end());
   DeviceRun d = device_sample(*be, logits, 64, 300, params);
@@ -307,7 +294,7 @@ TEST(CudaSampling, TimingAtALargeVocab) {
       SamplingParams p;
       p.temperature = variant == 0 ? 0.0f : 0.8f;
       if (variant == 2) p.top_p = 0.9f, p.top_k = 50, p.min_p = 0.01f;
-      std::vector<backend::SampleParams> params(static_cast<size_t>(rows), to_device(p, 0.5));
+      std::vector<backend::SampleParams> params(static_cast<size_t>(rows), engine::device_sample_params(p, 0.5));
       be->sample_rows(d, params, {}, ids);  // warm-up
       be->synchronize();
       const int reps = 20;

@@ -125,16 +125,8 @@ static void add_device_row(Sequence& s, int row, std::vector<backend::SamplePara
                            std::vector<backend::LogitAdjust>& adjust) {
   const SamplingParams& p = s.sampler.params();
   backend::SampleParams d;
-  if (s.max_tokens > 0) {  // else nothing is sampled: the row's argmax is ignored
-    d.temperature = p.temperature;
-    d.top_p = p.top_p;
-    d.min_p = p.min_p;
-    d.top_k = p.top_k;
-    d.repetition_penalty = p.repetition_penalty;
-    d.presence_penalty = p.presence_penalty;
-    d.frequency_penalty = p.frequency_penalty;
-    if (p.temperature > 0.0f) d.uniform = s.sampler.next_uniform();
-  }
+  if (s.max_tokens > 0)  // else nothing is sampled: the row's argmax is ignored
+    d = device_sample_params(p, p.temperature > 0.0f ? s.sampler.next_uniform() : 0.0);
   params.push_back(d);
   if (s.max_tokens == 0) return;
   std::unordered_map<int32_t, backend::LogitAdjust> touched;

@@ -107,4 +107,17 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> contex
   return c[keep - 1].second;
 }
 
+backend::SampleParams device_sample_params(const SamplingParams& p, double uniform) {
+  backend::SampleParams d;
+  d.temperature = p.temperature;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  d.top_k = p.top_k;
+  d.repetition_penalty = p.repetition_penalty;
+  d.presence_penalty = p.presence_penalty;
+  d.frequency_penalty = p.frequency_penalty;
+  d.uniform = uniform;
+  return d;
+}
+
 }  // namespace kiln::engine

@@ -9,6 +9,8 @@
 #include <span>
 #include <vector>
 
+#include "kiln/backend/backend.h"
+
 namespace kiln::engine {
 
 struct SamplingParams {
@@ -22,6 +24,10 @@ struct SamplingParams {
   std::map<int32_t, float> logit_bias;
   std::optional<uint64_t> seed;
 };
+
+// p as the device sampler's per-row parameters (Backend::sample_rows) with the row's draw `uniform`
+// (logit_bias and the penalties' token counts travel separately, as LogitAdjust entries).
+backend::SampleParams device_sample_params(const SamplingParams& p, double uniform);
 
 class Sampler {
  public:
