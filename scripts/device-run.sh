@@ -5,14 +5,15 @@
 #   .devcarry/bin.tar.xz  kiln, test and bench executables   .devcarry/lib   non-system shared libs
 #   .devcarry/shared  copies of ../shared/models and ../shared/bench
 # Usage (on the device): scripts/device-run.sh MODE   Logs go to $OUT (else /tmp/out). MODE:
-#   tests  every GPU test (ctest label `gpu`): backend-ops parity (dense and quantized; 4-bit on both GEMV
-#          kernels: tensor cores and, with KILN_CUDA_QGEMV=ffma, CUDA cores), every model's greedy tokens (float and
-#          quantized), engine graphs/allocations, device sampling
+#   tests  every GPU test (ctest label `gpu`): backend-ops parity (dense and quantized), every model's greedy
+#          tokens (float and quantized), engine graphs/allocations, device sampling
 #   micro  the machine's ceilings and the GEMV micro-benchmark (one decode step's projections)
 #   prep   `kiln synth` llama-3-8b and qwen2.5-7b (bf16) and `kiln convert -q --q-bits 4 --q-group-size 64`
 #          of llama-3-8b into $KILN_BENCH_MODELS (default /tmp/kiln-bench-models; kept while the machine is)
 #   perf   on those folders: prefill at 2048 and decode at batch 1-128 (bf16), 1-8 (4-bit), with graph and
 #          allocation counts; per-op profiles; the CUDA-graph PyTorch peer for both shapes in the same run
+#   q4perf on those folders: the 4-bit model (prefill 2048, decode batch 1/4/8) beside bf16 batch 1, and
+#          the 4-bit per-op profile (a shorter perf for quantized-kernel work)
 #   first  tests + micro + prep (one call);  second  perf (the next call, on the still-warm machine)
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
@@ -44,12 +45,10 @@ if want prep first; then  # CPU-bound: in the background while the GPU runs the 
   prep=$!
 fi
 if want tests first; then
-  for t in cuda_ops_test cuda_qops_test "ffma cuda_qops_test" cuda_models_test cuda_quantized_model_test \
-           cuda_engine_test cuda_sampling_test; do
+  for t in cuda_ops_test cuda_qops_test cuda_models_test cuda_quantized_model_test cuda_engine_test \
+           cuda_sampling_test; do
     el "=== $t"
-    env=""
-    case "${t%% *}" in ffma) env="KILN_CUDA_QGEMV=${t%% *}"; t=${t#* } ;; esac
-    env $env LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/$t" 2>&1 | tee -a "$OUT/tests.log" |
+    LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/$t" 2>&1 | tee -a "$OUT/tests.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|error|Expected|Which is|knife-edge|rel-L2|max error|graph replays|chi2" |
       head -n 40
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -60,13 +59,11 @@ if want micro first; then
   kl timeout 60 "$X/bin/cuda_ceiling_bench" | tee "$OUT/ceilings.json" || status=1
   [ -x "$X/bin/cuda_attn_bench" ] && { el "=== cuda_attn_bench"; kl timeout 90 "$X/bin/cuda_attn_bench" | tee "$OUT/attn_bench.txt"; }
   el "=== cuda_qgemv_bench (one decode step's projections)"
-  for b in "16 1" "4 1" "4 1 ffma" "4 8"; do
+  for b in "16 1" "4 1" "4 8"; do
     set -- $b
-    env=""; [ -n "${3:-}" ] && env="KILN_CUDA_QGEMV=$3"
-    echo "--- bits $1 batch $2 ${3:-}"
-    env $env LD_LIBRARY_PATH=$KILN_LD_PATH timeout 90 "$X/bin/cuda_qgemv_bench" --reps 20 --bits $1 --batch $2 \
-      > "$OUT/qgemv_$1_$2${3:-}.txt" 2>&1 || status=1
-    grep -v '^{' "$OUT/qgemv_$1_$2${3:-}.txt" | grep -E "^\| "
+    echo "--- bits $1 batch $2"
+    kl timeout 90 "$X/bin/cuda_qgemv_bench" --reps 20 --bits $1 --batch $2 > "$OUT/qgemv_$1_$2.txt" 2>&1 || status=1
+    grep -v '^{' "$OUT/qgemv_$1_$2.txt" | grep -E "^\| "
   done
 fi
 if [ -n "${prep:-}" ]; then
@@ -99,6 +96,20 @@ if want perf second; then
       echo "peer_torch_graph $sh failed"
     grep -E "copy_GBps|bs[0-9]+_tok_s" "$OUT/peer_graph_$sh.log"
   done
+fi
+if want q4perf; then
+  : > "$OUT/model_bench.jsonl"
+  for mp in "llama-3-8b-q4 1:2048:2,1:128:257,4:128:129,8:128:129" "llama-3-8b 1:128:257,8:128:129"; do
+    set -- $mp
+    el "=== model_bench $1"
+    [ -f "$M/$1/config.json" ] || { echo "missing $M/$1 (run prep first)"; status=1; continue; }
+    kl timeout 200 "$X/bin/model_bench" --device cuda --model "$M/$1" --repeat 2 --plan "$2" 2>"$OUT/mb_$1.err" |
+      tee -a "$OUT/model_bench.jsonl" || status=1
+  done
+  el "=== profile llama-3-8b-q4 1:128:33 (graphs off, events around each op)"
+  KILN_CUDA_PROFILE=1 kl timeout 90 "$X/bin/model_bench" --device cuda --model "$M/llama-3-8b-q4" --repeat 1 \
+    --plan 1:128:33 > /dev/null 2> "$OUT/profile_q4.txt"
+  grep -E "%" "$OUT/profile_q4.txt" | tail -n 24
 fi
 if [ "$what" = bench ]; then
   # All raw files in /tmp/bench; the ones that matter come back in $OUT (the tool's limit).

@@ -122,7 +122,9 @@ TEST_F(CudaOps, RmsNorm) {
   Rng rng("CudaOps.RmsNorm");
   for (DType wt : {DType::f32, DType::bf16, DType::f16})
     for (bool one_plus : {false, true})
-      for (auto [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {5, 77}, {300, 4096}, {17, 16}}) {
+      // Rows held in registers (up to 8 and 32 elements per thread) and, past that, the loop form.
+      for (auto [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {5, 77}, {300, 4096}, {17, 16},
+                                                                       {2, 9000}}) {
         SCOPED_TRACE(fmt::format("w={} one_plus={} rows={} dim={}", dtype_name(wt), one_plus, rows, dim));
         Tensor w = rng.tensor(wt, {dim});
         Tensor x = act(rng, {rows, dim}, 3.0f);
@@ -224,8 +226,13 @@ TEST_F(CudaOps, KvWriteGatherScatterArgmax) {
   gpu_->scatter_add_rows(dev(src), gpu_->upload(ints(dst_rows)), gpu_->upload(wts), dstd);
   expect_close(back(dstd), to_floats(dst), DType::bf16, "scatter_add_rows");
 
+  // Few rows of many columns are split over blocks (argmax_splits); rows 7 and 8 tie across splits
+  // (the first index wins) and are constant (index 0).
   for (int64_t cols : {10, 512, 152064}) {
     Tensor lg = act(rng, {9, cols}, 10.0f, DType::f32);
+    float* r7 = lg.ptr<float>() + 7 * cols;
+    r7[cols - 1] = r7[cols / 2] = r7[cols / 3] = 100.0f;
+    std::fill(lg.ptr<float>() + 8 * cols, lg.ptr<float>() + 9 * cols, -1.0f);
     std::vector<int32_t> want(9);
     for (int r = 0; r < 9; ++r)
       want[r] = static_cast<int32_t>(std::max_element(lg.ptr<float>() + r * cols, lg.ptr<float>() + (r + 1) * cols) -
@@ -420,7 +427,8 @@ TEST_F(CudaOps, FusedAddRmsNorm) {
   for (DType wt : {DType::f32, DType::bf16})
     for (DType xt : {DType::bf16, DType::f32})
       for (bool one_plus : {false, true})
-        for (auto [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {5, 77}, {3, 4096}, {17, 16}, {9, 300}}) {
+        for (auto [rows, dim] :
+             std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {5, 77}, {3, 4096}, {17, 16}, {9, 300}, {2, 9000}}) {
           SCOPED_TRACE(fmt::format("w={} x={} one_plus={} rows={} dim={}", dtype_name(wt), dtype_name(xt), one_plus,
                                    rows, dim));
           Tensor w = rng.tensor(wt, {dim});

@@ -6,11 +6,11 @@
 // printed; KILN_TEST_SEED=<n> replays it); outputs are poisoned with NaN first.
 // Tolerances on ‖gpu − cpu‖₂ / ‖cpu‖₂ and max |gpu − cpu| / max |cpu|:
 //   bf16 outputs: 1e-2 and 2^-6 (bf16 rounding of the result; of the weights on the GEMM path);
-//   f32 outputs of one token through the CUDA-core GEMV (widths other than 4): 1e-4 and 1e-4 (exact
-//   weights, f32 sums in another order); other f32 outputs: 1e-2 and 2^-6 (the 4-bit tensor-core GEMV
-//   and the dequantize + cuBLASLt path round the dequantized weights to bf16).
-// 4-bit weights take the tensor-core GEMV for up to 16 tokens; KILN_CUDA_QGEMV=ffma runs the
-// CUDA-core kernel instead (the device script runs this test both ways).
+//   f32 outputs of the GEMVs (one token, or up to 16 at 4 bits): 1e-4 and 1e-4 (exact weights, f32
+//   sums in another order); other f32 outputs: 1e-2 and 2^-6 (the dequantize + cuBLASLt path rounds
+//   the dequantized weights to bf16).
+// 4-bit weights are tiled on the device at first use (qkernels.h) and take the tensor-core GEMV for
+// up to 16 tokens; the other widths keep the MLX layout and the CUDA-core GEMV.
 // Reports SKIPPED where no CUDA device is present.
 #include <gtest/gtest.h>
 
@@ -34,12 +34,6 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& ref, 
   ASSERT_GT(st.sq_ref, 0) << what << ": the reference is all zeros";
   EXPECT_LE(std::sqrt(st.sq_err / st.sq_ref), tol_l2) << what << " rel-L2";
   EXPECT_LE(st.max_err / st.max_ref, tol_max) << what << " max error / max |ref|";
-}
-
-// Whether 4-bit weights take the tensor-core GEMV (the default; KILN_CUDA_QGEMV=ffma turns it off).
-bool QGemvOnTensorCores() {
-  const char* e = std::getenv("KILN_CUDA_QGEMV");
-  return !(e && std::string(e) == "ffma");
 }
 
 class CudaQOps : public ::testing::Test {
@@ -119,8 +113,8 @@ TEST_F(CudaQOps, MatmulEveryWidthAndGroupSize) {
         cpu_->matmul(x, w, ref);
         Tensor y = poisoned(yt, {c.n, c.out});
         gpu_->matmul(gpu_->upload(convert(x, DType::bf16)), w, y);
-        // f32 from the CUDA-core GEMV (exact weights); else bf16-rounded weights
-        const bool exact_w = yt == DType::f32 && c.n == 1 && !(bits == 4 && QGemvOnTensorCores());
+        // f32 from a GEMV (exact weights); else bf16-rounded weights
+        const bool exact_w = yt == DType::f32 && (c.n == 1 || (bits == 4 && c.n <= 16));
         expect_close(to_floats(gpu_->to_host(y)), to_floats(ref), exact_w ? 1e-4 : 1e-2, exact_w ? 1e-4 : 1.0 / 64,
                      "quantized matmul");
       }
@@ -141,8 +135,8 @@ TEST_F(CudaQOps, MatmulLargeShapes) {
                                    {1, 512, 3001, 5, 32, false},   {3, 640, 2049, 6, 64, true},
                                    {6, 1024, 4100, 8, 128, true},  {1, 4096, 4097, 2, 64, false},
                                    {40, 4096, 16500, 4, 64, true},
-                                   // 4-bit tensor-core GEMV: several rounds of 4 super-units per warp with a
-                                   // partial last one; 130 units (a partial last super-unit, uneven K split).
+                                   // 4-bit tensor-core GEMV: several rounds of quads per warp with a partial
+                                   // last one; 130 units (a partial last quad, uneven K split).
                                    {1, 14336, 1000, 4, 64, true},  {1, 4160, 33, 4, 32, false},
                                    {16, 4160, 300, 4, 32, true}};
   for (const Case& c : cases) {

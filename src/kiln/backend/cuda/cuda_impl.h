@@ -105,6 +105,15 @@ struct CudaBackend::Impl {
     std::shared_ptr<void> host_holder, dev;
   };
   std::map<uintptr_t, Resident> resident;
+  // 4-bit weights in the tiled layout (qkernels.h), by the address of their code tensor (host or
+  // device); `source` keeps that tensor's memory alive, so the address names one weight for good.
+  struct Q4Tiled {
+    int64_t out, in;
+    int group_size;
+    Tensor codes, pairs;
+    std::shared_ptr<void> source;
+  };
+  std::map<uintptr_t, Q4Tiled> q4_tiled;
 
   std::map<GemmKey, GemmPlan> gemm_plans;
 

@@ -340,9 +340,11 @@ void CudaBackend::argmax_rows(const Tensor& x, Tensor& ids) {
   require_i32(ids, "argmax_rows", "ids");
   if (ids.numel() != x.rows()) fail("cuda", "argmax_rows: ids {} for {} rows", ids.numel(), x.rows());
   const Dt t = dt_of(x, "argmax_rows", "x");
+  const size_t scratch = argmax_scratch_bytes(x.rows(), x.cols());
+  Tensor part = scratch ? alloc(DType::u8, {static_cast<int64_t>(scratch)}) : Tensor();  // also on replay
   if (im.skip()) return;
   ProfScope ps(im, "argmax_rows");
-  launch_argmax_rows(x.data, t, x.rows(), x.cols(), ids.ptr<int32_t>(), im.stream);
+  launch_argmax_rows(x.data, t, x.rows(), x.cols(), ids.ptr<int32_t>(), part.data, im.stream);
 }
 
 Tensor CudaBackend::convert(const Tensor& t, DType to) {

@@ -22,6 +22,48 @@ struct QResident {
   Tensor w, scales, biases;  // device views (keep the copies alive for the call)
 };
 
+// Drops the device copy of host tensor t when it is a whole uploaded tensor (not a view).
+void drop_resident(CudaBackend::Impl& im, const Tensor& t) {
+  if (t.device == Device::cuda) return;
+  auto it = im.resident.find(reinterpret_cast<uintptr_t>(t.data));
+  if (it == im.resident.end() || it->second.bytes != t.nbytes()) return;
+  im.stats.weight_bytes -= static_cast<int64_t>(it->second.bytes);
+  im.resident.erase(it);
+}
+
+// A 4-bit weight lives on the device in the tiled layout only: at its first use (always an eager
+// step: graph regions are recorded on a key's second step) its MLX copies, uploaded at load, are
+// tiled and dropped.
+QResident tiled_q4(CudaBackend::Impl& im, const Weight& w, const char* op, int64_t out, int64_t in) {
+  const auto key = reinterpret_cast<uintptr_t>(w.w.data);
+  auto it = im.q4_tiled.find(key);
+  if (it != im.q4_tiled.end() && (it->second.out != out || it->second.in != in || it->second.group_size != w.group_size))
+    fail("cuda", "{}: internal: a 4-bit weight at a reused address with another shape", op);
+  const Dt sdt = dt_of(w.scales, op, "scales");
+  if (it == im.q4_tiled.end()) {
+    if (im.mode != CudaBackend::Impl::Mode::eager)
+      fail("cuda", "{}: internal: a 4-bit weight first used inside a CUDA graph region", op);
+    const Tensor codes = im.resident_of(w.w, op), sc = im.resident_of(w.scales, op), bi = im.resident_of(w.biases, op);
+    const QWeightArgs mlx{static_cast<const uint32_t*>(codes.data), sc.data, bi.data, sdt, 4, w.group_size, out, in};
+    const Q4Tiled z = q4_tiled_sizes(out, in, w.group_size, sdt);
+    CudaBackend::Impl::Q4Tiled e{out, in, w.group_size, im.dev_alloc(DType::u8, {z.code_bytes}),
+                                 im.dev_alloc(DType::u8, {z.pair_bytes}), w.w.holder};
+    launch_q4_tile(mlx, e.codes.data, e.pairs.data, im.stream);
+    CUDA_CHECK(cudaStreamSynchronize(im.stream));
+    im.stats.weight_bytes += z.code_bytes + z.pair_bytes;
+    drop_resident(im, w.w);
+    drop_resident(im, w.scales);
+    drop_resident(im, w.biases);
+    it = im.q4_tiled.emplace(key, std::move(e)).first;
+  }
+  QResident r;
+  r.w = it->second.codes;
+  r.scales = it->second.pairs;
+  r.args = QWeightArgs{static_cast<const uint32_t*>(r.w.data), nullptr, nullptr, sdt, 4, w.group_size, out, in,
+                       r.scales.data};
+  return r;
+}
+
 QResident resident_quantized(CudaBackend::Impl& im, const Weight& w, const char* op) {
   const Tensor& t = w.w;
   if (w.bits != 2 && w.bits != 3 && w.bits != 4 && w.bits != 5 && w.bits != 6 && w.bits != 8)
@@ -40,6 +82,7 @@ QResident resident_quantized(CudaBackend::Impl& im, const Weight& w, const char*
          dtype_name(w.scales.dtype), shape_str(w.scales.shape), dtype_name(w.biases.dtype), shape_str(w.biases.shape),
          in / w.group_size, out);
   QResident r;
+  if (w.bits == 4) return tiled_q4(im, w, op, out, in);
   r.w = im.resident_of(t, op);
   r.scales = im.resident_of(w.scales, op);
   r.biases = im.resident_of(w.biases, op);
@@ -99,10 +142,11 @@ Tensor bf16_input(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x) {
 bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x,
                             std::span<const Weight* const> ws, std::span<Tensor* const> ys) {
   const int64_t n = x.rows();
-  if (ws.size() > static_cast<size_t>(kQMultiMax) || !qgemv_use_mma() || n == 0 || n > qgemv_max_tokens(4))
-    return false;
-  for (const Weight* w : ws)  // one kernel instance: every matrix 4-bit with the first one's scale dtype
-    if (!w->quantized() || w->bits != 4 || w->scales.dtype != ws[0]->scales.dtype) return false;
+  if (ws.size() > static_cast<size_t>(kQMultiMax) || n == 0 || n > qgemv_max_tokens(4)) return false;
+  for (const Weight* w : ws)  // one kernel instance: every matrix 4-bit with the first one's scales and groups
+    if (!w->quantized() || w->bits != 4 || w->scales.dtype != ws[0]->scales.dtype ||
+        w->group_size != ws[0]->group_size)
+      return false;
   QMulti m{};
   for (size_t i = 0; i < ws.size(); ++i) {
     QCall c = check_quantized_matmul(im, x, *ws[i], *ys[i]);

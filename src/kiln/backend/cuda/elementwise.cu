@@ -23,15 +23,27 @@ __global__ void embedding_kernel(const TT* table, int64_t vocab, int64_t dim, co
 }
 
 // One block per row: sum of squares in f32 (block reduction), then the scaled product (row_ops.cuh,
-// shared with fused.cu's add_rms_norm).
-template <typename XT, typename WT, typename YT>
+// shared with fused.cu's add_rms_norm). K > 0: the row in registers (row_regs); 0: loops.
+template <typename XT, typename WT, typename YT, int K>
 __global__ void rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_plus, int64_t dim, YT* y) {
   const int64_t r = blockIdx.x;
   const XT* xr = x + r * dim;
   float ss = 0.0f;
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) ss = sq_acc(ss, to_f(xr[d]));
-  ss = block_sum(ss);
-  rms_norm_store(xr, w, ss, eps, one_plus, dim, y + r * dim);
+  if constexpr (K == 0) {
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) ss = sq_acc(ss, to_f(xr[d]));
+    ss = block_sum(ss);
+    rms_norm_store(xr, w, ss, eps, one_plus, dim, y + r * dim);
+  } else {
+    XT v[K];
+    WT wv[K];
+    load_row(xr, dim, v);
+    load_row(w, dim, wv);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (threadIdx.x + int64_t{k} * blockDim.x < dim) ss = sq_acc(ss, to_f(v[k]));
+    ss = block_sum(ss);
+    rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim);
+  }
 }
 
 // One block per token; threads over (head, i < half); the pair's math is rope_pair (row_ops.cuh).
@@ -121,16 +133,30 @@ __global__ void scatter_add_rows_kernel(const T* src, const int32_t* rows, const
   }
 }
 
-// One block per row: per-thread (max, first index), then a block reduction that keeps the first
-// index on ties (torch.argmax). NaN compares false and never wins.
+// (v, i) replaces (best, bi) when it is larger, or equal at a lower index; i < 0: no candidate.
+// NaN compares false and never wins.
+__device__ __forceinline__ bool argmax_better(float v, int32_t i, float best, int32_t bi) {
+  return i >= 0 && (bi < 0 || v > best || (v == best && i < bi));
+}
+
+// This block's (max, first index) over xr[lo, hi): per thread over its strided elements in
+// increasing order, 8 loads in flight at a time, then a block reduction; thread 0 gets the result.
 template <typename T>
-__global__ void argmax_kernel(const T* x, int64_t n, int32_t* ids) {
-  const T* xr = x + blockIdx.x * n;
-  float best = -FLT_MAX;
-  int32_t bi = -1;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    float v = to_f(xr[j]);
-    if (bi < 0 || v > best) best = v, bi = static_cast<int32_t>(j);
+__device__ __forceinline__ void block_argmax(const T* xr, int64_t lo, int64_t hi, float& best, int32_t& bi) {
+  best = -FLT_MAX;
+  bi = -1;
+  for (int64_t j0 = lo + threadIdx.x; j0 < hi; j0 += 8 * int64_t{blockDim.x}) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int64_t j = j0 + u * int64_t{blockDim.x};
+      v[u] = j < hi ? to_f(xr[j]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int64_t j = j0 + u * int64_t{blockDim.x};
+      if (j < hi && (bi < 0 || v[u] > best)) best = v[u], bi = static_cast<int32_t>(j);
+    }
   }
   __shared__ float sv[kThreads];
   __shared__ int32_t si[kThreads];
@@ -138,15 +164,47 @@ __global__ void argmax_kernel(const T* x, int64_t n, int32_t* ids) {
   si[threadIdx.x] = bi;
   __syncthreads();
   for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-    if (threadIdx.x < o) {
-      float v2 = sv[threadIdx.x + o];
-      int32_t i2 = si[threadIdx.x + o];
-      if (i2 >= 0 && (si[threadIdx.x] < 0 || v2 > sv[threadIdx.x] || (v2 == sv[threadIdx.x] && i2 < si[threadIdx.x])))
-        sv[threadIdx.x] = v2, si[threadIdx.x] = i2;
-    }
+    if (threadIdx.x < o && argmax_better(sv[threadIdx.x + o], si[threadIdx.x + o], sv[threadIdx.x], si[threadIdx.x]))
+      sv[threadIdx.x] = sv[threadIdx.x + o], si[threadIdx.x] = si[threadIdx.x + o];
     __syncthreads();
   }
-  if (threadIdx.x == 0) ids[blockIdx.x] = si[0] < 0 ? 0 : si[0];
+  best = sv[0];
+  bi = si[0];
+}
+
+// grid (rows, splits): block (r, b) takes columns [b chunk, (b + 1) chunk) of row r. One split: the
+// row's index goes to ids (0 for an empty row); more: (max, index) to the partials, which
+// argmax_final_kernel combines in split order (so the first index on ties is kept, torch.argmax).
+template <typename T>
+__global__ void argmax_kernel(const T* x, int64_t n, int64_t chunk, int32_t* ids, float* pv, int32_t* pi) {
+  const int64_t lo = blockIdx.y * chunk, hi = lo + chunk < n ? lo + chunk : n;
+  float best;
+  int32_t bi;
+  block_argmax(x + blockIdx.x * n, lo, hi, best, bi);
+  if (threadIdx.x != 0) return;
+  if (gridDim.y == 1) {
+    ids[blockIdx.x] = bi < 0 ? 0 : bi;
+  } else {
+    pv[blockIdx.x * gridDim.y + blockIdx.y] = best;
+    pi[blockIdx.x * gridDim.y + blockIdx.y] = bi;
+  }
+}
+
+// One warp per row over its `splits` partials.
+__global__ void argmax_final_kernel(const float* pv, const int32_t* pi, int splits, int32_t* ids) {
+  float best = -FLT_MAX;
+  int32_t bi = -1;
+  for (int b = threadIdx.x; b < splits; b += 32) {
+    const float v = pv[blockIdx.x * splits + b];
+    const int32_t i = pi[blockIdx.x * splits + b];
+    if (argmax_better(v, i, best, bi)) best = v, bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t i = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (argmax_better(v, i, best, bi)) best = v, bi = i;
+  }
+  if (threadIdx.x == 0) ids[blockIdx.x] = bi < 0 ? 0 : bi;
 }
 
 template <typename ST, typename DT>
@@ -178,8 +236,10 @@ void launch_rms_norm(const void* x, Dt xt, const void* w, Dt wt, float eps, bool
         std::fprintf(stderr, "[cuda] rms_norm: y dtype must equal x dtype\n");
         std::abort();
       }
-      rms_norm_kernel<XT, WT, XT><<<rows, row_threads(dim), 0, s>>>(static_cast<const XT*>(x), static_cast<const WT*>(w),
-                                                                   eps, one_plus_w, dim, static_cast<XT*>(y));
+      dispatch_row_regs(dim, [&]<int K>() {
+        rms_norm_kernel<XT, WT, XT, K><<<rows, row_threads(dim), 0, s>>>(
+            static_cast<const XT*>(x), static_cast<const WT*>(w), eps, one_plus_w, dim, static_cast<XT*>(y));
+      });
     });
   });
   KILN_CUDA_LAUNCH_CHECK("rms_norm");
@@ -271,9 +331,23 @@ void launch_scatter_add_rows(const void* src, const int32_t* rows, const float* 
   KILN_CUDA_LAUNCH_CHECK("scatter_add_rows");
 }
 
-void launch_argmax_rows(const void* x, Dt t, int64_t rows, int64_t n, int32_t* ids, cudaStream_t s) {
+int argmax_splits(int64_t rows, int64_t n) {
+  if (rows >= 64) return 1;  // enough blocks already
+  const int64_t b = n / 4096;  // at least 4096 columns (16 per thread) per block
+  return static_cast<int>(b < 1 ? 1 : b > 64 ? 64 : b);
+}
+
+void launch_argmax_rows(const void* x, Dt t, int64_t rows, int64_t n, int32_t* ids, void* scratch, cudaStream_t s) {
   if (rows == 0) return;
-  dispatch(t, [&]<typename T>() { argmax_kernel<T><<<rows, kThreads, 0, s>>>(static_cast<const T*>(x), n, ids); });
+  const int splits = argmax_splits(rows, n);
+  const int64_t chunk = (n + splits - 1) / splits;
+  auto* pv = static_cast<float*>(scratch);
+  auto* pi = reinterpret_cast<int32_t*>(pv + rows * splits);
+  dispatch(t, [&]<typename T>() {
+    argmax_kernel<T><<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(splits)), kThreads, 0, s>>>(
+        static_cast<const T*>(x), n, chunk, ids, pv, pi);
+  });
+  if (splits > 1) argmax_final_kernel<<<static_cast<unsigned>(rows), 32, 0, s>>>(pv, pi, splits, ids);
   KILN_CUDA_LAUNCH_CHECK("argmax_rows");
 }
 

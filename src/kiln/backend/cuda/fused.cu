@@ -11,22 +11,42 @@ namespace {
 // One block per row (row_threads(dim) threads, as rms_norm_kernel): x = round(x + delta) stored,
 // its square accumulated from the rounded value (what rms_norm would read back), then the norm.
 // Every element is read and written by one thread only (d = threadIdx.x strided in both passes),
-// so y may alias x or delta.
-template <typename XT, typename WT>
+// so y may alias x or delta. K > 0: the row in registers (row_regs), the weights requested before
+// the previous kernel is waited for; 0: loops.
+template <typename XT, typename WT, int K>
 __global__ void add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y) {
   pdl_trigger();
-  pdl_wait();  // x and delta come from earlier kernels (launched with launch_pdl)
   const int64_t r = blockIdx.x;
   XT* xr = x + r * dim;
   const XT* dr = delta + r * dim;
   float ss = 0.0f;
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    const XT v = from_f<XT>(to_f(xr[d]) + to_f(dr[d]));  // add_kernel's rounding
-    xr[d] = v;
-    ss = sq_acc(ss, to_f(v));
+  if constexpr (K == 0) {
+    pdl_wait();  // x and delta come from earlier kernels (launched with launch_pdl)
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      const XT v = from_f<XT>(to_f(xr[d]) + to_f(dr[d]));  // add_kernel's rounding
+      xr[d] = v;
+      ss = sq_acc(ss, to_f(v));
+    }
+    ss = block_sum(ss);
+    rms_norm_store(static_cast<const XT*>(xr), w, ss, eps, one_plus, dim, y + r * dim);
+  } else {
+    WT wv[K];
+    load_row(w, dim, wv);
+    pdl_wait();
+    XT v[K], dv[K];
+    load_row(static_cast<const XT*>(xr), dim, v);
+    load_row(dr, dim, dv);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t d = threadIdx.x + int64_t{k} * blockDim.x;
+      if (d >= dim) break;
+      v[k] = from_f<XT>(to_f(v[k]) + to_f(dv[k]));
+      xr[d] = v[k];
+      ss = sq_acc(ss, to_f(v[k]));
+    }
+    ss = block_sum(ss);
+    rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim);
   }
-  ss = block_sum(ss);
-  rms_norm_store(static_cast<const XT*>(xr), w, ss, eps, one_plus, dim, y + r * dim);
 }
 
 // Grid (token, head): blocks y < n_heads rotate that q head's pairs; the others take kv head
@@ -87,8 +107,11 @@ void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt
   if (rows == 0) return;
   dispatch(xt, [&]<typename XT>() {
     dispatch(wt, [&]<typename WT>() {
-      launch_pdl(add_rms_norm_kernel<XT, WT>, static_cast<unsigned>(rows), row_threads(dim), 0, s, static_cast<XT*>(x),
-                 static_cast<const XT*>(delta), static_cast<const WT*>(w), eps, one_plus_w, dim, static_cast<XT*>(y));
+      dispatch_row_regs(dim, [&]<int K>() {
+        launch_pdl(add_rms_norm_kernel<XT, WT, K>, static_cast<unsigned>(rows), row_threads(dim), 0, s,
+                   static_cast<XT*>(x), static_cast<const XT*>(delta), static_cast<const WT*>(w), eps, one_plus_w, dim,
+                   static_cast<XT*>(y));
+      });
     });
   });
   KILN_CUDA_LAUNCH_CHECK("add_rms_norm");

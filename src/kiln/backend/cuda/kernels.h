@@ -36,8 +36,14 @@ void launch_gather_rows(const void* x, int64_t row_bytes, const int32_t* rows, i
 // dst[rows[i]] += weights[i] * src[i] in order of i (rows may repeat); parallel over columns.
 void launch_scatter_add_rows(const void* src, const int32_t* rows, const float* weights, int64_t m, int64_t d,
                              int64_t n, void* dst, Dt t, cudaStream_t s);
-// ids[r] = first index of the maximum of x[r, :].
-void launch_argmax_rows(const void* x, Dt t, int64_t rows, int64_t n, int32_t* ids, cudaStream_t s);
+// ids[r] = first index of the maximum of x[r, :]. Few rows split each row over argmax_splits blocks,
+// whose partials go to scratch (argmax_scratch_bytes; may be null when that is 0).
+int argmax_splits(int64_t rows, int64_t n);
+inline size_t argmax_scratch_bytes(int64_t rows, int64_t n) {
+  const int s = argmax_splits(rows, n);
+  return s > 1 ? static_cast<size_t>(rows) * s * 8 : 0;
+}
+void launch_argmax_rows(const void* x, Dt t, int64_t rows, int64_t n, int32_t* ids, void* scratch, cudaStream_t s);
 // dst = src converted elementwise.
 void launch_convert(const void* src, Dt st, void* dst, Dt dt, int64_t n, cudaStream_t s);
 

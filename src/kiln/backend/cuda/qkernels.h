@@ -11,8 +11,12 @@
 
 namespace kiln::backend::cuda {
 
-// One quantized matrix on the device. w: u32 [out, in * bits / 32], 16-byte aligned rows for bits
-// 4/8 (8-byte for 2/6, 4-byte for 3/5), which in % 32 == 0 guarantees for an aligned base.
+// One quantized matrix on the device, in one of two layouts:
+//  - MLX (pairs null): w u32 [out, in * bits / 32], 16-byte aligned rows for bits 4/8 (8-byte for
+//    2/6, 4-byte for 3/5), which in % 32 == 0 guarantees for an aligned base; scales/biases
+//    [out, in / group_size] of dtype sdt;
+//  - 4-bit tiled (pairs set; launch_q4_tile makes it): w the tiled codes, pairs the (scale, bias)
+//    pairs (qmatmul.cu and docs/quantization.md give the order); scales/biases unused.
 struct QWeightArgs {
   const uint32_t* w;
   const void* scales;  // [out, in / group_size], dtype sdt
@@ -20,7 +24,17 @@ struct QWeightArgs {
   Dt sdt;
   int bits, group_size;  // bits in {2,3,4,5,6,8}, group_size in {32,64,128}
   int64_t out, in;
+  const void* pairs = nullptr;
 };
+
+// Byte sizes of a 4-bit matrix's tiled layout (16-row tiles x 128-code quads, zero-padded).
+struct Q4Tiled {
+  int64_t tiles, quads, code_bytes, pair_bytes;
+};
+Q4Tiled q4_tiled_sizes(int64_t out, int64_t in, int group_size, Dt sdt);
+// Writes the tiled layout of the 4-bit MLX-layout matrix w into codes / pairs (q4_tiled_sizes bytes,
+// 16-byte aligned).
+void launch_q4_tile(const QWeightArgs& w, void* codes, void* pairs, cudaStream_t s);
 
 // Up to kQMultiMax quantized matrices that multiply the same x in one launch (q/k/v, gate/up):
 // y_i [n, out_i] (dtype yt[i]) = x · dequant(w_i)ᵀ (+ bias_i). tiles[i] = 16-row tiles before matrix i.
@@ -41,24 +55,23 @@ struct QMulti {
 };
 
 // y [n, out] (dtype yt) = x [n, in] (bf16, 16-byte aligned) · dequant(w)ᵀ (+ bias [out] of dtype bt),
-// f32 accumulation, one rounding on store. 4-bit: the tensor-core kernel (launch_qgemv_multi with
-// one matrix); other widths: CUDA-core kernel, one pass per token.
+// f32 accumulation, one rounding on store. 4-bit tiled: the tensor-core kernel (launch_qgemv_multi
+// with one matrix); MLX layout (other widths): CUDA-core kernel, one pass per token.
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
                   cudaStream_t s);
-// The 4-bit tensor-core GEMV over every matrix of m (all 4-bit, same in) in one launch, 8 tokens per
-// pass over the packed weights (each dequantized weight rounded once to bf16 before the bf16 MMA).
+// The 4-bit tensor-core GEMV over every matrix of m (all 4-bit tiled, same in, scale dtype and group
+// size) in one launch, 8 tokens per pass over the packed weights (raw codes in the bf16 MMA, each
+// group's scale and bias applied to its sums in f32).
 void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t s);
 // dst [n_rows, in] (dtype dt: bf16 or f32) = dequantized rows of w (scale * q + bias in f32, one
 // rounding): row i is w's row rows[i], or r0 + i when rows is null; rows outside [0, out) give zeros.
+// Either layout.
 void launch_qdequant_rows(const QWeightArgs& w, const int32_t* rows, int64_t r0, int64_t n_rows, void* dst, Dt dt,
                           cudaStream_t s);
 
-// Whether 4-bit weights take the tensor-core GEMV (default; KILN_CUDA_QGEMV=ffma forces the generic
-// CUDA-core kernel every width uses, for comparison and tests).
-bool qgemv_use_mma();
 // Tokens up to which the quantized GEMV runs rather than dequantize + cuBLASLt: the tensor-core
 // kernel costs about the same for 1..8 tokens per pass; the CUDA-core kernel's cost grows with the
 // tokens (measured on the H200: 8 tokens ran at 6% of the copy rate), so it takes single tokens only.
-inline int64_t qgemv_max_tokens(int bits) { return bits == 4 && qgemv_use_mma() ? 16 : 1; }
+inline int64_t qgemv_max_tokens(int bits) { return bits == 4 ? 16 : 1; }
 
 }  // namespace kiln::backend::cuda

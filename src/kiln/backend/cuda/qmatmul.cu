@@ -229,7 +229,25 @@ void launch_bits(const void* x, int64_t n, const QWeightArgs& q, const void* bia
   launch_rows<BITS, 1>(x, n, q, bias, bt, y, yt, s);
 }
 
-// One thread per (row, unit): 32 values, written with 16-byte stores when VEC (dst aligned).
+// 32 values to dst, with 16-byte stores when VEC (dst aligned).
+template <typename OT, bool VEC>
+__device__ __forceinline__ void store32(OT* d, const float (&v)[32]) {
+  if constexpr (VEC) {
+    constexpr int per = 16 / sizeof(OT);
+#pragma unroll
+    for (int c = 0; c < 32 / per; ++c) {
+      alignas(16) OT tmp[per];
+#pragma unroll
+      for (int e = 0; e < per; ++e) tmp[e] = from_f<OT>(v[c * per + e]);
+      reinterpret_cast<uint4*>(d)[c] = *reinterpret_cast<const uint4*>(tmp);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) d[j] = from_f<OT>(v[j]);
+  }
+}
+
+// One thread per (row, unit): 32 values (MLX layout).
 template <int BITS, typename OT, bool VEC>
 __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows, int64_t r0, int64_t n_rows,
                                 OT* __restrict__ dst) {
@@ -240,7 +258,6 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = idx / U, u = idx % U;
     const int64_t row = rows ? rows[i] : r0 + i;
-    OT* d = dst + i * q.in + u * 32;
     float v[32];
     if (row < 0 || row >= q.out) {
 #pragma unroll
@@ -253,41 +270,126 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
 #pragma unroll
       for (int j = 0; j < 32; ++j) v[j] = fmaf(sc, code_plus_magic<BITS>(w, j) - M, bi);  // the subtraction is exact
     }
-    if constexpr (VEC) {
-      constexpr int per = 16 / sizeof(OT);
+    store32<OT, VEC>(dst + i * q.in + u * 32, v);
+  }
+}
+
+// ---- The 4-bit tiled layout (docs/quantization.md, "CUDA"), made once per weight at first use
+// (launch_q4_tile): what the tensor-core GEMV and the 4-bit dequantizer read. A tile is 16 rows, a
+// quad 4 units (128 codes); T = ceil(out / 16) tiles, Q = ceil(in / 128) quads.
+//   codes uint4 [T][Q][2][32]: element (tile, quad, h, lane = 4g + t) holds in its word j the MLX
+//     word t of unit 4 quad + j of row 16 tile + 8h + g. A warp load is 512 contiguous bytes, and lane
+//     (g, t) holds the A fragments of rows g and g + 8 for the quad's 4 units.
+//   pairs [T][Q][16][GPQ] (scale, bias) in the scales' type, GPQ = 128 / group_size (the quad's groups).
+// Rows past `out` and units past in / 32 are zeros (codes, scale and bias), so padding adds nothing.
+
+__global__ void q4_tile_codes_kernel(const uint32_t* __restrict__ w, int64_t out, int64_t U, int64_t Q, int64_t n,
+                                     uint4* __restrict__ dst) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int lane = static_cast<int>(i & 31), h = static_cast<int>((i >> 5) & 1);
+    const int64_t tq = i >> 6, tile = tq / Q, quad = tq % Q;
+    const int64_t row = tile * 16 + 8 * h + (lane >> 2);
+    uint32_t v[4];
 #pragma unroll
-      for (int c = 0; c < 32 / per; ++c) {
-        alignas(16) OT tmp[per];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t unit = 4 * quad + j;
+      v[j] = row < out && unit < U ? w[(row * U + unit) * 4 + (lane & 3)] : 0u;
+    }
+    dst[i] = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+template <typename ST>
+__global__ void q4_tile_pairs_kernel(const ST* __restrict__ sc, const ST* __restrict__ bi, int64_t out,
+                                     int64_t n_groups, int64_t Q, int gpq, int64_t n, ST* __restrict__ dst) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t gi = i % gpq, r = (i / gpq) % 16, tq = i / gpq / 16;
+    const int64_t row = (tq / Q) * 16 + r, grp = (tq % Q) * gpq + gi;
+    const bool in = row < out && grp < n_groups;
+    dst[2 * i] = in ? sc[row * n_groups + grp] : from_f<ST>(0.0f);
+    dst[2 * i + 1] = in ? bi[row * n_groups + grp] : from_f<ST>(0.0f);
+  }
+}
+
+// The (scale, bias) pair gi of a row's quad, from the raw words of its GPQ pairs.
+template <typename ST>
+__device__ __forceinline__ float2 pair_at(const uint32_t* w, int gi) {
+  if constexpr (sizeof(ST) == 4) {
+    return make_float2(__uint_as_float(w[2 * gi]), __uint_as_float(w[2 * gi + 1]));
+  } else if constexpr (std::is_same_v<ST, __nv_bfloat16>) {
+    return make_float2(__uint_as_float(w[gi] << 16), __uint_as_float(w[gi] & 0xffff0000u));
+  } else {
+    const __half2 h = *reinterpret_cast<const __half2*>(&w[gi]);
+    return __half22float2(h);
+  }
+}
+
+// N consecutive 32-bit words at p (aligned to 4 N bytes, N in 1, 2, 4, 8), read-only path.
+template <int N>
+__device__ __forceinline__ void load_words(const void* p, uint32_t (&w)[N]) {
+  if constexpr (N == 1) {
+    w[0] = __ldg(static_cast<const uint32_t*>(p));
+  } else if constexpr (N == 2) {
+    const uint2 u = __ldg(static_cast<const uint2*>(p));
+    w[0] = u.x, w[1] = u.y;
+  } else {
 #pragma unroll
-        for (int e = 0; e < per; ++e) tmp[e] = from_f<OT>(v[c * per + e]);
-        reinterpret_cast<uint4*>(d)[c] = *reinterpret_cast<const uint4*>(tmp);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) d[j] = from_f<OT>(v[j]);
+    for (int c = 0; c < N / 4; ++c) {
+      const uint4 u = __ldg(static_cast<const uint4*>(p) + c);
+      w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
     }
   }
 }
 
-// ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate), for 1-8 tokens
-// per pass and up to kQMultiMax matrices sharing x in one launch (q/k/v, gate/up).
-// A block of kTcWarps warps owns a tile of 16 rows of one matrix; the K dimension is cut into
-// super-units (SU) of 4 units (128 codes) and warp w takes the SUs [w * S / 8, (w + 1) * S / 8).
-// Lane (g, t) (g = lane / 4, t = lane % 4) reads unit 4s + t of rows g and g + 8 with one 16-byte load
-// each (so a warp load covers 8 rows x 64 contiguous bytes) and x[token g] of the same unit. The MMA's
-// k order is permuted consistently in A and B: for word ww of the unit and half h, the lane's k slots
-// (2t, 2t+1, 2t+8, 2t+9) hold codes (8ww+2h, 8ww+2h+4, 8ww+2h+1, 8ww+2h+5), so an A register is
-//   ((w >> 8h) & 0x000F000F) | 0x43004300 = bf16x2 (128 + q_i, 128 + q_{i+4})    (exact)
-// minus 128 (exact), times scale plus bias in one bf16x2 FMA (the dequantized weight, rounded once to
-// bf16 as MLX's bf16 models hold it); B registers are byte permutes of x. Each MMA sums over four
-// units of possibly different groups, which is why the scale is applied before it.
-// Latency: a round of kTcSU SUs requests all its weight words, scales and biases, and the warp copies
-// the round's x (every token of the pass) into its slice of shared memory, before the first MMA; the
-// MMAs then read x from shared memory, so no global load sits between them. The 8 warps' partial
-// sums meet in shared memory.
+// One thread per (row, unit) of the tiled layout: 32 values, as qdequant_kernel computes them.
+template <typename ST, typename OT, bool VEC>
+__global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows, int64_t r0, int64_t n_rows,
+                                        OT* __restrict__ dst) {
+  const int64_t U = q.in / 32, Q = (U + 3) / 4;
+  const int gpq = 128 / q.group_size;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n_rows * U;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = idx / U, u = idx % U;
+    const int64_t row = rows ? rows[i] : r0 + i;
+    float v[32];
+    if (row < 0 || row >= q.out) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = 0.0f;
+    } else {
+      const int64_t tq = (row / 16) * Q + u / 4;
+      const int r = static_cast<int>(row % 16);
+      // Word u % 4 of the uint4 of lane 4 (r % 8) + t, for t = 0..3 (codes 8t..8t+7 of the unit).
+      const uint32_t* words = q.w + ((tq * 2 + r / 8) * 32 + 4 * (r % 8)) * 4 + u % 4;
+      const ST* pp = static_cast<const ST*>(q.pairs) + 2 * ((tq * 16 + r) * gpq + (u % 4) * 32 / q.group_size);
+      const float sc = to_f(pp[0]), bi = to_f(pp[1]);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const uint32_t w = __ldg(words + 4 * t);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) v[8 * t + c] = fmaf(sc, static_cast<float>((w >> (4 * c)) & 15u), bi);
+      }
+    }
+    store32<OT, VEC>(dst + i * q.in + u * 32, v);
+  }
+}
+
+// ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) over the tiled
+// layout, for 1-8 tokens per pass and up to kQMultiMax matrices sharing x (q/k/v, gate/up).
+// A block of kTcWarps warps owns one tile of one matrix; warp w takes quads [w Q / 8, (w + 1) Q / 8).
+// Each MMA covers 16 codes of one unit, so of one group: the raw codes go into the MMA as bf16
+// (128 + q) (one and-or per code pair: ((w >> 4i) & 0x000F000F) | 0x43004300, exact), a second MMA
+// with all-ones A sums the same x, and the affine map is applied once per (row, group, token) in f32:
+//   y += scale · (C − 128 S) + bias · S        (C = Σ x (128 + q), S = Σ x over the group).
+// Per code pair that is one shift (amortized) and one and-or, against four instructions to dequantize
+// every weight to bf16 first (the previous kernel: llama-3-8b's gate/up at batch 1 on the H200 took
+// 38.2 µs = 41% of the copy rate with MLX-layout loads, 28.0 µs = 56% tiled and grouped).
+// Lane (g, t) takes word t of each unit (codes 8t..8t+7); its pairs i (codes 8t+i, 8t+i+4) fill the
+// k slots (2t, 2t+1) and (2t+8, 2t+9) of two MMAs (i = 0, 1 and i = 2, 3), so its B fragments are x
+// of codes (8t, 8t+4), (8t+1, 8t+5) and (8t+2, 8t+6), (8t+3, 8t+7) of token g: the warp stages each
+// round's x in shared memory in that order.
+// Latency: a round of R quads requests all its code and pair loads (512-byte contiguous warp loads)
+// before staging x and the first MMA. The 8 warps' partial sums meet in shared memory.
 constexpr int kTcWarps = 8;
-constexpr int kTcSU = 4;
-constexpr int kTcRoundCodes = kTcSU * 128;  // x values per token a warp stages per round
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -297,20 +399,26 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Codes i and i + 4 of word w (i in 0..3) dequantized: bf16x2 (s·q_i + b, s·q_{i+4} + b).
-__device__ __forceinline__ uint32_t deq_pair(uint32_t w, int i, __nv_bfloat162 s, __nv_bfloat162 b) {
-  const uint32_t m = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;  // (128 + q_i, 128 + q_{i+4})
-  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&m), __float2bfloat162_rn(128.0f));
-  const __nv_bfloat162 v = __hfma2(q, s, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
+// Codes i and i + 4 of word w (i in 0..3) as bf16x2 (128 + q_i, 128 + q_{i+4}).
+__device__ __forceinline__ uint32_t code_pair(uint32_t w, int i) {
+  return ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
 }
 
-// grid (total 16-row tiles of all matrices, ceil(n / 8)); block kTcWarps * 32; dynamic shared memory
-// kTcWarps * NT * kTcRoundCodes bf16 (NT = tokens per pass, min(n, 8)). ST: the scales' C++ type.
-template <typename ST>
-__global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
-                                                                  int nt_max, QMulti m) {
-  extern __shared__ uint4 xs_all[];  // [warp][token][kTcRoundCodes / 8] x as 16-byte vectors
+// Quads per round (R) and blocks per SM the registers must allow (MINB), measured on the H200
+// (bf16 scales; BENCHMARKS.md): two quads per round and four 8-warp blocks per SM.
+constexpr int kQ4Round = 2, kQ4MinBlocks = 4;
+// Shared memory per warp and token: the round's permuted x (256 bytes per quad).
+constexpr size_t q4_smem_per_token(int r) { return static_cast<size_t>(r) * 256; }
+
+// grid (total tiles of all matrices, ceil(n / 8)); block kTcWarps * 32; dynamic shared memory
+// kTcWarps * nt_max * q4_smem_per_token(R) (nt_max = tokens per pass, min(n, 8)).
+template <typename ST, int GS, int R = kQ4Round, int MINB = kQ4MinBlocks>
+__global__ void __launch_bounds__(kTcWarps * 32, MINB) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x,
+                                                                        int64_t n, int nt_max, QMulti m) {
+  constexpr int GPQ = 128 / GS, UPG = GS / 32;                  // groups per quad, units per group
+  constexpr int PW = GPQ * (sizeof(ST) == 4 ? 2 : 1);           // pair words per row and quad
+  constexpr uint32_t kOnes = 0x3F803F80u;                       // bf16x2 (1, 1)
+  extern __shared__ uint4 smem[];
   __shared__ float red[kTcWarps][16][8];
   pdl_trigger();
   int mi = 0;  // the matrix of this tile
@@ -320,68 +428,69 @@ __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfl
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t t0 = int64_t{blockIdx.y} * 8;
   const int nt = static_cast<int>(n - t0 < 8 ? n - t0 : 8);
-  const int64_t U = q.in / 32, n_groups = q.in / q.group_size, S = (U + 3) / 4;
-  const int gshift = q.group_size == 32 ? 0 : (q.group_size == 64 ? 1 : 2);  // unit -> group: u >> gshift
-  const int64_t row_lo = tile * 16 + g < q.out ? tile * 16 + g : q.out - 1;  // past-the-end rows: not stored
-  const int64_t row_hi = tile * 16 + g + 8 < q.out ? tile * 16 + g + 8 : q.out - 1;
-  const uint4* w_lo = reinterpret_cast<const uint4*>(q.w) + row_lo * U;  // a unit is one uint4
-  const uint4* w_hi = reinterpret_cast<const uint4*>(q.w) + row_hi * U;
-  const ST* sc = static_cast<const ST*>(q.scales);
-  const ST* bi = static_cast<const ST*>(q.biases);
-  const bool has_x = g < nt;
-  uint4* xs = xs_all + warp * nt_max * (kTcRoundCodes / 8);
+  const int64_t Q = (q.in + 127) / 128;
+  const uint4* codes = reinterpret_cast<const uint4*>(q.w) + tile * Q * 64 + lane;
+  const uint32_t* pairs = static_cast<const uint32_t*>(q.pairs) + (tile * Q * 16 + g) * PW;
+  uint4* xs = smem + warp * nt_max * R * 16;                 // [token][R * 16] permuted x
   const uint4* xg = reinterpret_cast<const uint4*>(x + t0 * q.in);  // this pass's tokens, 8 x per uint4
-  const int64_t s_begin = warp * S / kTcWarps, s_end = (warp + 1) * S / kTcWarps;
+  const int64_t q_begin = warp * Q / kTcWarps, q_end = (warp + 1) * Q / kTcWarps;
+  const int tg = g < nt ? g : nt - 1;  // B column g: token g (columns past nt are computed, never stored)
 
-  float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two MMA chains
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += kTcSU) {
-    uint4 wl[kTcSU], wh[kTcSU];
-    float sl[kTcSU], bl[kTcSU], sh[kTcSU], bh[kTcSU];
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // C layout: rows g, g + 8 x tokens 2t, 2t + 1
+  for (int64_t q0 = q_begin; q0 < q_end; q0 += R) {
+    uint4 wl[R], wh[R];
+    uint32_t pl[R][PW], ph[R][PW];
 #pragma unroll
-    for (int k = 0; k < kTcSU; ++k) {
-      const int64_t u = 4 * (s0 + k < s_end ? s0 + k : s_end - 1) + t;  // this lane's unit
-      const int64_t uc = u < U ? u : U - 1;  // units past the row end: loaded, weighted 0
-      wl[k] = ld_stream(w_lo + uc);
-      wh[k] = ld_stream(w_hi + uc);
-      const int64_t grp = uc >> gshift;
-      sl[k] = to_f(sc[row_lo * n_groups + grp]);
-      bl[k] = to_f(bi[row_lo * n_groups + grp]);
-      sh[k] = to_f(sc[row_hi * n_groups + grp]);
-      bh[k] = to_f(bi[row_hi * n_groups + grp]);
-      if (u >= U) sl[k] = bl[k] = sh[k] = bh[k] = 0.0f;
+    for (int k = 0; k < R; ++k) {
+      const int64_t qd = q0 + k < q_end ? q0 + k : q_end - 1;
+      wl[k] = ld_stream(codes + qd * 64);
+      wh[k] = ld_stream(codes + qd * 64 + 32);
+      load_words<PW>(pairs + qd * 16 * PW, pl[k]);
+      load_words<PW>(pairs + (qd * 16 + 8) * PW, ph[k]);
     }
-    // The round's x: codes [128 s0, 128 (s0 + kTcSU)) of each token (zeros past the row end).
     pdl_wait();    // x is the previous kernel's output (the loads above read weights only)
     __syncwarp();  // the previous round's readers are done
-    for (int i = lane; i < nt * (kTcRoundCodes / 8); i += 32) {
-      const int tok = i / (kTcRoundCodes / 8), v = i % (kTcRoundCodes / 8);
-      const int64_t col = 16 * s0 + v;  // 16-byte vector index within the token's row
-      xs[i] = col < q.in / 8 ? __ldg(xg + tok * (q.in / 8) + col) : make_uint4(0u, 0u, 0u, 0u);
+    // Stage x of quads [q0, q0 + R) for each token, permuted into B fragments.
+    for (int i = lane; i < nt * R * 16; i += 32) {
+      const int tok = i / (R * 16), v = i % (R * 16);  // v = 16 k + 4 j + t'
+      const int64_t col = q0 * 16 + v;                  // 16-byte vector within the row
+      const uint4 X = col < q.in / 8 ? __ldg(xg + tok * (q.in / 8) + col) : make_uint4(0u, 0u, 0u, 0u);
+      xs[i] = make_uint4(__byte_perm(X.x, X.z, 0x5410), __byte_perm(X.x, X.z, 0x7632), __byte_perm(X.y, X.w, 0x5410),
+                         __byte_perm(X.y, X.w, 0x7632));
     }
     __syncwarp();
 #pragma unroll
-    for (int k = 0; k < kTcSU; ++k) {
-      if (s0 + k >= s_end) break;
-      const __nv_bfloat162 Sl = __float2bfloat162_rn(sl[k]), Bl = __float2bfloat162_rn(bl[k]);
-      const __nv_bfloat162 Sh = __float2bfloat162_rn(sh[k]), Bh = __float2bfloat162_rn(bh[k]);
+    for (int k = 0; k < R; ++k) {
+      if (q0 + k >= q_end) break;
       const uint32_t lo[4] = {wl[k].x, wl[k].y, wl[k].z, wl[k].w}, hi[4] = {wh[k].x, wh[k].y, wh[k].z, wh[k].w};
-      const uint4* xk = xs + (has_x ? g : 0) * (kTcRoundCodes / 8) + k * 16 + t * 4;  // unit 4(s0+k)+t of token g
+      const uint4* xk = xs + tg * R * 16 + k * 16 + t;
 #pragma unroll
-      for (int ww = 0; ww < 4; ++ww) {
-        const uint4 xv = has_x ? xk[ww] : make_uint4(0u, 0u, 0u, 0u);
-        mma_bf16(c0, deq_pair(lo[ww], 0, Sl, Bl), deq_pair(hi[ww], 0, Sh, Bh), deq_pair(lo[ww], 1, Sl, Bl),
-                 deq_pair(hi[ww], 1, Sh, Bh), __byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632));
-        mma_bf16(c1, deq_pair(lo[ww], 2, Sl, Bl), deq_pair(hi[ww], 2, Sh, Bh), deq_pair(lo[ww], 3, Sl, Bl),
-                 deq_pair(hi[ww], 3, Sh, Bh), __byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632));
+      for (int gi = 0; gi < GPQ; ++gi) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int jj = 0; jj < UPG; ++jj) {
+          const int j = gi * UPG + jj;
+          const uint4 xv = xk[4 * j];
+          mma_bf16(c, code_pair(lo[j], 0), code_pair(hi[j], 0), code_pair(lo[j], 1), code_pair(hi[j], 1), xv.x, xv.y);
+          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, xv.x, xv.y);
+          mma_bf16(c, code_pair(lo[j], 2), code_pair(hi[j], 2), code_pair(lo[j], 3), code_pair(hi[j], 3), xv.z, xv.w);
+          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, xv.z, xv.w);
+        }
+        const float2 sl = pair_at<ST>(pl[k], gi), sh = pair_at<ST>(ph[k], gi);
+        acc[0] = fmaf(sl.x, fmaf(-128.0f, sx[0], c[0]), fmaf(sl.y, sx[0], acc[0]));
+        acc[2] = fmaf(sh.x, fmaf(-128.0f, sx[2], c[2]), fmaf(sh.y, sx[2], acc[2]));
+        if (nt > 1) {  // token 2t + 1 (column 1 of lane t = 0 is past the only token otherwise)
+          acc[1] = fmaf(sl.x, fmaf(-128.0f, sx[1], c[1]), fmaf(sl.y, sx[1], acc[1]));
+          acc[3] = fmaf(sh.x, fmaf(-128.0f, sx[3], c[3]), fmaf(sh.y, sx[3], acc[3]));
+        }
       }
     }
   }
   pdl_wait();  // before any store (warps without a K range have not waited yet)
-  // C fragment: c[0..1] row g, tokens 2t, 2t+1; c[2..3] row g + 8.
-  red[warp][g][2 * t] = c0[0] + c1[0];
-  red[warp][g][2 * t + 1] = c0[1] + c1[1];
-  red[warp][g + 8][2 * t] = c0[2] + c1[2];
-  red[warp][g + 8][2 * t + 1] = c0[3] + c1[3];
+  red[warp][g][2 * t] = acc[0];
+  red[warp][g][2 * t + 1] = acc[1];
+  red[warp][g + 8][2 * t] = acc[2];
+  red[warp][g + 8][2 * t + 1] = acc[3];
   __syncthreads();
   if (threadIdx.x < 128) {
     const int r = threadIdx.x >> 3, tok = threadIdx.x & 7;
@@ -394,6 +503,18 @@ __global__ void __launch_bounds__(kTcWarps * 32) qgemv4_tc_kernel(const __nv_bfl
       store_s(m.y[mi], m.yt[mi], (t0 + tok) * q.out + row, v);
     }
   }
+}
+
+// Calls f.template operator()<ST, GS>() for the scales' type and the group size.
+template <typename F>
+void dispatch_q4(Dt sdt, int group_size, F&& f) {
+  dispatch(sdt, [&]<typename ST>() {
+    switch (group_size) {
+      case 32: f.template operator()<ST, 32>(); break;
+      case 64: f.template operator()<ST, 64>(); break;
+      default: f.template operator()<ST, 128>(); break;
+    }
+  });
 }
 
 template <typename F>
@@ -413,12 +534,26 @@ void dispatch_bits(int bits, F&& f) {
 
 }  // namespace
 
-bool qgemv_use_mma() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_QGEMV");
-    return !(e && std::strcmp(e, "ffma") == 0);
-  }();
-  return on;
+Q4Tiled q4_tiled_sizes(int64_t out, int64_t in, int group_size, Dt sdt) {
+  Q4Tiled z;
+  z.tiles = (out + 15) / 16;
+  z.quads = (in + 127) / 128;
+  z.code_bytes = z.tiles * z.quads * 1024;
+  z.pair_bytes = z.tiles * z.quads * 16 * (128 / group_size) * 2 * (sdt == Dt::f32 ? 4 : 2);
+  return z;
+}
+
+void launch_q4_tile(const QWeightArgs& w, void* codes, void* pairs, cudaStream_t s) {
+  const Q4Tiled z = q4_tiled_sizes(w.out, w.in, w.group_size, w.sdt);
+  const int64_t nc = z.code_bytes / 16, np = z.pair_bytes / (w.sdt == Dt::f32 ? 8 : 4);
+  q4_tile_codes_kernel<<<grid_for(nc, 256), 256, 0, s>>>(w.w, w.out, w.in / 32, z.quads, nc,
+                                                         static_cast<uint4*>(codes));
+  dispatch(w.sdt, [&]<typename ST>() {
+    q4_tile_pairs_kernel<ST><<<grid_for(np, 256), 256, 0, s>>>(
+        static_cast<const ST*>(w.scales), static_cast<const ST*>(w.biases), w.out, w.in / w.group_size, z.quads,
+        128 / w.group_size, np, static_cast<ST*>(pairs));
+  });
+  KILN_CUDA_LAUNCH_CHECK("q4_tile");
 }
 
 void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t s) {
@@ -430,16 +565,16 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t 
       mm.y[i] = static_cast<char*>(m.y[i]) + t0 * m.w[i].out * (m.yt[i] == Dt::f32 ? 4 : 2);
     dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>((nn + 7) / 8));
     const int nt_max = static_cast<int>(nn < 8 ? nn : 8);
-    const size_t smem = sizeof(uint16_t) * kTcWarps * nt_max * kTcRoundCodes;  // 8 KB per token of a pass
     const auto* xp = static_cast<const __nv_bfloat16*>(x) + t0 * m.w[0].in;
-    dispatch(m.w[0].sdt, [&]<typename ST>() {
-      static bool raised = false;  // 8 tokens need 64 KB: opt in above the 48 KB default, once per type
+    dispatch_q4(m.w[0].sdt, m.w[0].group_size, [&]<typename ST, int GS>() {
+      constexpr size_t per_token = kTcWarps * q4_smem_per_token(kQ4Round);
+      static bool raised = false;  // 8 tokens may need more than the 48 KB default: opt in, once
       if (!raised) {
-        cudaFuncSetAttribute(qgemv4_tc_kernel<ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(sizeof(uint16_t) * kTcWarps * 8 * kTcRoundCodes));
+        cudaFuncSetAttribute(qgemv4_tc_kernel<ST, GS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(8 * per_token));
         raised = true;
       }
-      launch_pdl(qgemv4_tc_kernel<ST>, grid, kTcWarps * 32, smem, s, xp, nn, nt_max, mm);
+      launch_pdl(qgemv4_tc_kernel<ST, GS>, grid, kTcWarps * 32, nt_max * per_token, s, xp, nn, nt_max, mm);
     });
   }
   KILN_CUDA_LAUNCH_CHECK("qgemv4_tc");
@@ -448,7 +583,7 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t 
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
                   cudaStream_t s) {
   if (n == 0 || w.out == 0) return;
-  if (w.bits == 4 && qgemv_use_mma()) {
+  if (w.pairs) {
     QMulti m{};
     m.add(w, bias, bt, y, yt);
     return launch_qgemv_multi(x, n, m, s);
@@ -468,17 +603,24 @@ void launch_qdequant_rows(const QWeightArgs& w, const int32_t* rows, int64_t r0,
   const int64_t work = n_rows * (w.in / 32);
   const unsigned grid = grid_for(work, 256);
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  dispatch_bits(w.bits, [&]<int BITS>() {
-    if (dt == Dt::f32) {
-      auto d = static_cast<float*>(dst);
-      if (vec) qdequant_kernel<BITS, float, true><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
-      else qdequant_kernel<BITS, float, false><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
+  // OT: the destination type; VEC: 16-byte stores. The tiled 4-bit layout or the MLX one.
+  auto launch = [&]<typename OT, bool VEC>() {
+    auto d = static_cast<OT*>(dst);
+    if (w.pairs) {
+      dispatch(w.sdt, [&]<typename ST>() {
+        q4_tiled_dequant_kernel<ST, OT, VEC><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
+      });
     } else {
-      auto d = static_cast<__nv_bfloat16*>(dst);
-      if (vec) qdequant_kernel<BITS, __nv_bfloat16, true><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
-      else qdequant_kernel<BITS, __nv_bfloat16, false><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d);
+      dispatch_bits(w.bits, [&]<int BITS>() { qdequant_kernel<BITS, OT, VEC><<<grid, 256, 0, s>>>(w, rows, r0, n_rows, d); });
     }
-  });
+  };
+  if (dt == Dt::f32) {
+    if (vec) launch.template operator()<float, true>();
+    else launch.template operator()<float, false>();
+  } else {
+    if (vec) launch.template operator()<__nv_bfloat16, true>();
+    else launch.template operator()<__nv_bfloat16, false>();
+  }
   KILN_CUDA_LAUNCH_CHECK("qdequant_rows");
 }
 

@@ -29,6 +29,50 @@ __device__ __forceinline__ float block_sum(float v) {
   return part[0];
 }
 
+// Register-resident rows: a thread holds its elements d = threadIdx.x + k * blockDim.x, k < K, in
+// registers (the strided order of the loop forms, so sums and roundings are the same), with every
+// load of the row issued before the first use — one memory round trip instead of one per element
+// (a 4096-wide add_rms_norm took ~13 µs as a loop on the H200). row_regs(cols): the K of a row,
+// 0 (the loop form) past kRowRegMax elements per thread.
+constexpr int kRowRegMax = 32;
+inline int row_regs(int64_t cols) {
+  const int64_t per = (cols + row_threads(cols) - 1) / row_threads(cols);
+  return per <= 8 ? 8 : per <= kRowRegMax ? kRowRegMax : 0;
+}
+// Calls f.template operator()<K>() for K = row_regs(cols).
+template <typename F>
+void dispatch_row_regs(int64_t cols, F&& f) {
+  switch (row_regs(cols)) {
+    case 8: f.template operator()<8>(); break;
+    case kRowRegMax: f.template operator()<kRowRegMax>(); break;
+    default: f.template operator()<0>(); break;
+  }
+}
+
+template <int K, typename T>
+__device__ __forceinline__ void load_row(const T* p, int64_t dim, T (&v)[K]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t d = threadIdx.x + int64_t{k} * blockDim.x;
+    if (d < dim) v[k] = p[d];
+  }
+}
+
+// rms_norm_store's math over the register-resident row v (weights wv).
+template <int K, typename XT, typename WT, typename YT>
+__device__ __forceinline__ void rms_norm_store_regs(const XT (&v)[K], const WT (&wv)[K], float ss, float eps,
+                                                    bool one_plus, int64_t dim, YT* yr) {
+  const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t d = threadIdx.x + int64_t{k} * blockDim.x;
+    if (d >= dim) break;
+    float wf = to_f(wv[k]);
+    if (one_plus) wf += 1.0f;
+    yr[d] = from_f<YT>((to_f(v[k]) * inv) * wf);
+  }
+}
+
 // y[d] = x[d] * rsqrt(ss / dim + eps) * (w[d] or 1 + w[d]) for this thread's d (threadIdx.x
 // strided), ss the row's sum of squares. Each thread reads back only the x it accumulated, so y
 // may alias x.
