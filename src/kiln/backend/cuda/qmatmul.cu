@@ -375,7 +375,7 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 
 // ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) over the tiled
 // layout, for 1-8 tokens per pass and up to kQMultiMax matrices sharing x (q/k/v, gate/up).
-// A block of kTcWarps warps owns one tile of one matrix; warp w takes quads [w Q / 8, (w + 1) Q / 8).
+// A block of W = kTcWarps warps owns one tile of one matrix; warp w takes quads [w Q / W, (w + 1) Q / W).
 // Each MMA covers 16 codes of one unit, so of one group: the raw codes go into the MMA as bf16
 // (128 + q) (one and-or per code pair: ((w >> 4i) & 0x000F000F) | 0x43004300, exact), a second MMA
 // with all-ones A sums the same x, and the affine map is applied once per (row, group, token) in f32:
@@ -388,9 +388,7 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 // of codes (8t, 8t+4), (8t+1, 8t+5) and (8t+2, 8t+6), (8t+3, 8t+7) of token g: the warp stages each
 // round's x in shared memory in that order.
 // Latency: a round of R quads requests all its code and pair loads (512-byte contiguous warp loads)
-// before staging x and the first MMA. The 8 warps' partial sums meet in shared memory.
-constexpr int kTcWarps = 8;
-
+// before staging x and the first MMA. The warps' partial sums meet in shared memory.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -404,22 +402,30 @@ __device__ __forceinline__ uint32_t code_pair(uint32_t w, int i) {
   return ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
 }
 
-// Quads per round (R) and blocks per SM the registers must allow (MINB), measured on the H200
-// (bf16 scales; BENCHMARKS.md): two quads per round and four 8-warp blocks per SM.
-constexpr int kQ4Round = 2, kQ4MinBlocks = 4;
+// Warps per block, quads per round and blocks per SM the registers must allow, measured on the
+// H200 (bf16 scales g64, BENCHMARKS.md): 4 warps x 4 quads (8 code loads in flight per lane, no
+// spills at 118 registers) beat 8 warps x 2 quads at 64 registers (spilling) and 16-warp blocks,
+// and prefetching the next round into registers did not pay.
+// Rounds of two quads where a quad's pair words are many (group 32, f32 scales): no spills.
+constexpr int kTcWarps = 4, kQ4MinBlocks = 4;
+template <typename ST, int GS>
+constexpr int q4_round() {
+  return (128 / GS) * (sizeof(ST) == 4 ? 2 : 1) >= 4 ? 2 : 4;
+}
 // Shared memory per warp and token: the round's permuted x (256 bytes per quad).
 constexpr size_t q4_smem_per_token(int r) { return static_cast<size_t>(r) * 256; }
 
 // grid (total tiles of all matrices, ceil(n / 8)); block kTcWarps * 32; dynamic shared memory
-// kTcWarps * nt_max * q4_smem_per_token(R) (nt_max = tokens per pass, min(n, 8)).
-template <typename ST, int GS, int R = kQ4Round, int MINB = kQ4MinBlocks>
-__global__ void __launch_bounds__(kTcWarps * 32, MINB) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x,
-                                                                        int64_t n, int nt_max, QMulti m) {
+// kTcWarps * nt_max * q4_smem_per_token(q4_round) (nt_max = tokens per pass, min(n, 8)).
+template <typename ST, int GS>
+__global__ void __launch_bounds__(kTcWarps * 32, kQ4MinBlocks) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x,
+                                                                                int64_t n, int nt_max, QMulti m) {
+  constexpr int R = q4_round<ST, GS>(), W = kTcWarps;
   constexpr int GPQ = 128 / GS, UPG = GS / 32;                  // groups per quad, units per group
   constexpr int PW = GPQ * (sizeof(ST) == 4 ? 2 : 1);           // pair words per row and quad
   constexpr uint32_t kOnes = 0x3F803F80u;                       // bf16x2 (1, 1)
   extern __shared__ uint4 smem[];
-  __shared__ float red[kTcWarps][16][8];
+  __shared__ float red[W][16][8];
   pdl_trigger();
   int mi = 0;  // the matrix of this tile
   while (mi + 1 < m.count && static_cast<int64_t>(blockIdx.x) >= m.tiles[mi + 1]) ++mi;
@@ -433,7 +439,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, MINB) qgemv4_tc_kernel(const __
   const uint32_t* pairs = static_cast<const uint32_t*>(q.pairs) + (tile * Q * 16 + g) * PW;
   uint4* xs = smem + warp * nt_max * R * 16;                 // [token][R * 16] permuted x
   const uint4* xg = reinterpret_cast<const uint4*>(x + t0 * q.in);  // this pass's tokens, 8 x per uint4
-  const int64_t q_begin = warp * Q / kTcWarps, q_end = (warp + 1) * Q / kTcWarps;
+  const int64_t q_begin = warp * Q / W, q_end = (warp + 1) * Q / W;
   const int tg = g < nt ? g : nt - 1;  // B column g: token g (columns past nt are computed, never stored)
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // C layout: rows g, g + 8 x tokens 2t, 2t + 1
@@ -498,7 +504,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, MINB) qgemv4_tc_kernel(const __
     if (row < q.out && tok < nt) {
       float v = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kTcWarps; ++w) v += red[w][r][tok];
+      for (int w = 0; w < W; ++w) v += red[w][r][tok];
       if (m.bias[mi]) v += load_s(m.bias[mi], m.bt[mi], row);
       store_s(m.y[mi], m.yt[mi], (t0 + tok) * q.out + row, v);
     }
@@ -567,7 +573,7 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t 
     const int nt_max = static_cast<int>(nn < 8 ? nn : 8);
     const auto* xp = static_cast<const __nv_bfloat16*>(x) + t0 * m.w[0].in;
     dispatch_q4(m.w[0].sdt, m.w[0].group_size, [&]<typename ST, int GS>() {
-      constexpr size_t per_token = kTcWarps * q4_smem_per_token(kQ4Round);
+      constexpr size_t per_token = kTcWarps * q4_smem_per_token(q4_round<ST, GS>());
       static bool raised = false;  // 8 tokens may need more than the 48 KB default: opt in, once
       if (!raised) {
         cudaFuncSetAttribute(qgemv4_tc_kernel<ST, GS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
