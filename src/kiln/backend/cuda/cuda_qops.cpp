@@ -81,8 +81,8 @@ QResident resident_quantized(CudaBackend::Impl& im, const Weight& w, const char*
     fail("cuda", "{}: quantized weight: scales {} {} / biases {} {} do not match {} groups per row of {} rows", op,
          dtype_name(w.scales.dtype), shape_str(w.scales.shape), dtype_name(w.biases.dtype), shape_str(w.biases.shape),
          in / w.group_size, out);
-  QResident r;
   if (w.bits == 4) return tiled_q4(im, w, op, out, in);
+  QResident r;
   r.w = im.resident_of(t, op);
   r.scales = im.resident_of(w.scales, op);
   r.biases = im.resident_of(w.biases, op);

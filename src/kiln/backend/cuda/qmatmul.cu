@@ -229,13 +229,13 @@ void launch_bits(const void* x, int64_t n, const QWeightArgs& q, const void* bia
   launch_rows<BITS, 1>(x, n, q, bias, bt, y, yt, s);
 }
 
-// 32 values to dst, with 16-byte stores when VEC (dst aligned).
-template <typename OT, bool VEC>
-__device__ __forceinline__ void store32(OT* d, const float (&v)[32]) {
+// N values (N * sizeof(OT) a multiple of 16) to dst, with 16-byte stores when VEC (dst aligned).
+template <typename OT, bool VEC, int N>
+__device__ __forceinline__ void store_n(OT* d, const float (&v)[N]) {
   if constexpr (VEC) {
     constexpr int per = 16 / sizeof(OT);
 #pragma unroll
-    for (int c = 0; c < 32 / per; ++c) {
+    for (int c = 0; c < N / per; ++c) {
       alignas(16) OT tmp[per];
 #pragma unroll
       for (int e = 0; e < per; ++e) tmp[e] = from_f<OT>(v[c * per + e]);
@@ -243,7 +243,7 @@ __device__ __forceinline__ void store32(OT* d, const float (&v)[32]) {
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) d[j] = from_f<OT>(v[j]);
+    for (int j = 0; j < N; ++j) d[j] = from_f<OT>(v[j]);
   }
 }
 
@@ -270,7 +270,7 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
 #pragma unroll
       for (int j = 0; j < 32; ++j) v[j] = fmaf(sc, code_plus_magic<BITS>(w, j) - M, bi);  // the subtraction is exact
     }
-    store32<OT, VEC>(dst + i * q.in + u * 32, v);
+    store_n<OT, VEC>(dst + i * q.in + u * 32, v);
   }
 }
 
@@ -341,35 +341,37 @@ __device__ __forceinline__ void load_words(const void* p, uint32_t (&w)[N]) {
   }
 }
 
-// One thread per (row, unit) of the tiled layout: 32 values, as qdequant_kernel computes them.
+// One thread per (row, quad, t) of the tiled layout: its uint4 holds codes 8t..8t+7 of the quad's 4
+// units of the row, written as 4 runs of 8 values (as qdequant_kernel computes them). The 4 threads of
+// a (row, quad) read 64 contiguous bytes.
 template <typename ST, typename OT, bool VEC>
 __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows, int64_t r0, int64_t n_rows,
                                         OT* __restrict__ dst) {
   const int64_t U = q.in / 32, Q = (U + 3) / 4;
   const int gpq = 128 / q.group_size;
-  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n_rows * U;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n_rows * Q * 4;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = idx / U, u = idx % U;
+    const int t = static_cast<int>(idx & 3);
+    const int64_t qd = (idx >> 2) % Q, i = (idx >> 2) / Q;
     const int64_t row = rows ? rows[i] : r0 + i;
-    float v[32];
-    if (row < 0 || row >= q.out) {
+    const bool in = row >= 0 && row < q.out;
+    const int64_t tq = (in ? row / 16 : 0) * Q + qd;
+    const int r = in ? static_cast<int>(row % 16) : 0;
+    uint4 w4 = make_uint4(0u, 0u, 0u, 0u);
+    if (in) w4 = __ldg(reinterpret_cast<const uint4*>(q.w) + (tq * 2 + r / 8) * 32 + 4 * (r % 8) + t);
+    const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+    const ST* pp = static_cast<const ST*>(q.pairs) + 2 * (tq * 16 + r) * gpq;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = 0.0f;
-    } else {
-      const int64_t tq = (row / 16) * Q + u / 4;
-      const int r = static_cast<int>(row % 16);
-      // Word u % 4 of the uint4 of lane 4 (r % 8) + t, for t = 0..3 (codes 8t..8t+7 of the unit).
-      const uint32_t* words = q.w + ((tq * 2 + r / 8) * 32 + 4 * (r % 8)) * 4 + u % 4;
-      const ST* pp = static_cast<const ST*>(q.pairs) + 2 * ((tq * 16 + r) * gpq + (u % 4) * 32 / q.group_size);
-      const float sc = to_f(pp[0]), bi = to_f(pp[1]);
+    for (int j = 0; j < 4; ++j) {
+      const int64_t u = 4 * qd + j;
+      if (u >= U) break;
+      const int gi = j * 32 / q.group_size;
+      const float sc = in ? to_f(pp[2 * gi]) : 0.0f, bi = in ? to_f(pp[2 * gi + 1]) : 0.0f;
+      float v[8];
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const uint32_t w = __ldg(words + 4 * t);
-#pragma unroll
-        for (int c = 0; c < 8; ++c) v[8 * t + c] = fmaf(sc, static_cast<float>((w >> (4 * c)) & 15u), bi);
-      }
+      for (int c = 0; c < 8; ++c) v[c] = fmaf(sc, static_cast<float>((w[j] >> (4 * c)) & 15u), bi);
+      store_n<OT, VEC>(dst + i * q.in + u * 32 + 8 * t, v);
     }
-    store32<OT, VEC>(dst + i * q.in + u * 32, v);
   }
 }
 
@@ -606,7 +608,7 @@ void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bi
 void launch_qdequant_rows(const QWeightArgs& w, const int32_t* rows, int64_t r0, int64_t n_rows, void* dst, Dt dt,
                           cudaStream_t s) {
   if (n_rows == 0 || w.in == 0) return;
-  const int64_t work = n_rows * (w.in / 32);
+  const int64_t work = w.pairs ? n_rows * ((w.in + 127) / 128) * 4 : n_rows * (w.in / 32);  // threads
   const unsigned grid = grid_for(work, 256);
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   // OT: the destination type; VEC: 16-byte stores. The tiled 4-bit layout or the MLX one.
