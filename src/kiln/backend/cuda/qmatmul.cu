@@ -383,8 +383,7 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 // with all-ones A sums the same x, and the affine map is applied once per (row, group, token) in f32:
 //   y += scale · (C − 128 S) + bias · S        (C = Σ x (128 + q), S = Σ x over the group).
 // Per code pair that is one shift (amortized) and one and-or, against four instructions to dequantize
-// every weight to bf16 first (the previous kernel: llama-3-8b's gate/up at batch 1 on the H200 took
-// 38.2 µs = 41% of the copy rate with MLX-layout loads, 28.0 µs = 56% tiled and grouped).
+// every weight to bf16 first (measured against that kernel: BENCHMARKS.md, "Quantized (H200)").
 // Lane (g, t) takes word t of each unit (codes 8t..8t+7); its pairs i (codes 8t+i, 8t+i+4) fill the
 // k slots (2t, 2t+1) and (2t+8, 2t+9) of two MMAs (i = 0, 1 and i = 2, 3), so its B fragments are x
 // of codes (8t, 8t+4), (8t+1, 8t+5) and (8t+2, 8t+6), (8t+3, 8t+7) of token g: the warp stages each
