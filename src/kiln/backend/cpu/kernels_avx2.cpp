@@ -68,6 +68,13 @@ struct Avx2 {
       return _mm256_cvtepi32_ps(q);
     }
   }
+  // The 16 codes of 8 bytes of a 4-bit stream at p, split: lo = the low nibbles (codes 0, 2, ..., 14),
+  // hi = the high nibbles (codes 1, 3, ..., 15).
+  static void nibbles(const uint8_t* p, V& lo, V& hi) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0F);
+    lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, m)));
+    hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m)));
+  }
   static float hsum(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

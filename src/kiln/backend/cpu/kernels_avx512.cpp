@@ -81,6 +81,13 @@ struct Avx512 {
     const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(codes8<BITS>(p)), codes8<BITS>(p + BITS), 1);
     return _mm512_cvtepi32_ps(q);
   }
+  // The 32 codes of 16 bytes of a 4-bit stream at p, split: lo = the low nibbles (codes 0, 2, ..., 30),
+  // hi = the high nibbles (codes 1, 3, ..., 31).
+  static void nibbles(const uint8_t* p, V& lo, V& hi) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0F);
+    lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, m)));
+    hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m)));
+  }
   static float hsum(V v) { return _mm512_reduce_add_ps(v); }
 };
 

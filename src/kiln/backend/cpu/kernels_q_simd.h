@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kiln/backend/cpu/kernels.h"
 
@@ -74,10 +75,78 @@ void qgemv_rows(const float* x, int64_t x_stride, const float* xsum, const QMatr
   }
 }
 
+// 4 bits: each W bytes (2W codes) split into low and high nibbles — the even and the odd codes —
+// against x permuted the same way once per call (xn [n_x, in]: per block of 2W, the W even x then
+// the W odd x), instead of interleaving the nibbles back into order in every row (half the shuffles
+// per code). Two partial sums per token and group (even, odd codes).
+template <class S, int NT>
+void qgemv_rows4(const float* xn, int64_t in, const float* xsum, const QMatrix& w, int64_t r0, int64_t r1, float* y,
+                 int64_t y_stride) {
+  using V = typename S::V;
+  constexpr int W = S::W;
+  const int64_t gs = w.group_size, n_groups = w.n_groups();
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* p = w.w + r * w.row_bytes;
+    V acc[NT];
+    float bsum[NT];
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = S::zero();
+      bsum[t] = 0.0f;
+    }
+    for (int64_t g = 0; g < n_groups; ++g) {
+      const float s = q_scalar_at(w.scales, w.sdt, r * n_groups + g);
+      const float b = q_scalar_at(w.biases, w.sdt, r * n_groups + g);
+      __builtin_prefetch(p + 1024);
+      V pe[NT], po[NT];
+      for (int t = 0; t < NT; ++t) pe[t] = po[t] = S::zero();
+      const int64_t kb = g * gs;
+      for (int64_t k = 0; k < gs; k += 2 * W, p += W) {
+        V lo, hi;
+        S::nibbles(p, lo, hi);
+        for (int t = 0; t < NT; ++t) {
+          pe[t] = S::fma(S::load(xn + t * in + kb + k), lo, pe[t]);
+          po[t] = S::fma(S::load(xn + t * in + kb + k + W), hi, po[t]);
+        }
+      }
+      const V vs = S::set1(s);
+      for (int t = 0; t < NT; ++t) {
+        acc[t] = S::fma(vs, S::add(pe[t], po[t]), acc[t]);
+        bsum[t] += b * xsum[t * n_groups + g];
+      }
+    }
+    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = S::hsum(acc[t]) + bsum[t];
+  }
+}
+
 template <class S, int BITS>
 void qgemv_bits(const float* x, int64_t n_x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0,
                 int64_t r1, float* y, int64_t y_stride) {
   const int64_t n_groups = w.n_groups();
+  if constexpr (BITS == 4) {
+    constexpr int W = S::W;
+    if (w.group_size % (2 * W) == 0) {
+      const int64_t in = w.in;
+      std::vector<float> xn(static_cast<size_t>(n_x * in));
+      for (int64_t t = 0; t < n_x; ++t)
+        for (int64_t b = 0; b < in; b += 2 * W)
+          for (int i = 0; i < W; ++i) {
+            xn[t * in + b + i] = x[t * x_stride + b + 2 * i];
+            xn[t * in + b + W + i] = x[t * x_stride + b + 2 * i + 1];
+          }
+      for (int64_t t0 = 0; t0 < n_x; t0 += 4) {
+        const float* xt = xn.data() + t0 * in;
+        const float* st = xsum + t0 * n_groups;
+        float* yt = y + t0 * y_stride;
+        switch (n_x - t0 < 4 ? n_x - t0 : 4) {
+          case 1: qgemv_rows4<S, 1>(xt, in, st, w, r0, r1, yt, y_stride); break;
+          case 2: qgemv_rows4<S, 2>(xt, in, st, w, r0, r1, yt, y_stride); break;
+          case 3: qgemv_rows4<S, 3>(xt, in, st, w, r0, r1, yt, y_stride); break;
+          default: qgemv_rows4<S, 4>(xt, in, st, w, r0, r1, yt, y_stride); break;
+        }
+      }
+      return;
+    }
+  }
   // Rows in blocks so the 1..4-token passes re-read a block that is still in L1/L2.
   constexpr int64_t kRowBlock = 8;
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
