@@ -1,7 +1,7 @@
 // ThreadPool: every index of [0, n) runs exactly once in contiguous chunks, on several threads,
 // for back-to-back calls (the workers' spinning path), for calls spaced past the spin window (the
-// sleep/wake path: a lost wakeup would hang here), with more threads than cores, and the pool
-// shuts down whether its workers spin or sleep.
+// sleep/wake path: a lost wakeup would hang here), with more threads than cores, with callers on
+// two threads, and the pool shuts down whether its workers spin or sleep.
 #include "kiln/base/thread_pool.h"
 
 #include <gtest/gtest.h>
@@ -74,6 +74,16 @@ TEST(ThreadPool, WorkRunsOnSeveralThreads) {
     ids.insert(std::this_thread::get_id());
   });
   EXPECT_EQ(ids.size(), 2u);
+}
+
+TEST(ThreadPool, CallersOnSeveralThreadsTakeTurns) {
+  ThreadPool pool(2);
+  auto caller = [&] {
+    for (int it = 0; it < 2000; ++it) expect_cover(pool, 1 + it % 300, 1);
+  };
+  std::thread a(caller), b(caller);
+  a.join();
+  b.join();
 }
 
 TEST(ThreadPool, ShutsDownWhetherWorkersSpinOrSleep) {

@@ -94,6 +94,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
+  std::lock_guard<std::mutex> call(call_mu_);
   job_ = &fn;
   job_n_ = n;
   job_chunks_ = chunks;

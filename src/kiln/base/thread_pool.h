@@ -24,7 +24,8 @@ class ThreadPool {
   int n_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // fn(begin, end) over chunks of [0, n); each chunk holds at least min_chunk items
-  // (so tiny loops stay on one thread). Not reentrant: do not call from inside fn.
+  // (so tiny loops stay on one thread). Calls from several threads run one after another. Not
+  // reentrant: do not call from inside fn.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1);
 
   // The process-wide pool (sized by KILN_THREADS or the hardware).
@@ -34,6 +35,7 @@ class ThreadPool {
   void worker_loop(int index);
 
   std::vector<std::thread> workers_;
+  std::mutex call_mu_;  // one job at a time
   std::mutex mu_;
   std::condition_variable cv_start_, cv_done_;
   // The job: written by parallel_for before it bumps generation_ (release), read by the workers
