@@ -38,52 +38,16 @@ inline typename S::V q_codes(const uint8_t* p, const uint8_t* end) {
 // Rows [r0, r1) against NT (1..4) tokens: per group, a vector partial dot product per token,
 // scaled into the token's vector accumulator (one FMA per group); the bias term is a scalar
 // multiply by the precomputed group sum of x. One horizontal sum per row and token.
-template <class S, int BITS, int NT>
+// SPLIT (4 bits): each W bytes (2W codes) are split into their low and high nibbles — the even and
+// the odd codes — against x permuted the same way once per call (split_x), instead of
+// interleaving the nibbles back into order in every row (half the shuffles per code); the even and
+// odd codes keep separate partial sums.
+template <class S, int BITS, int NT, bool SPLIT>
 void qgemv_rows(const float* x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0, int64_t r1,
                 float* y, int64_t y_stride) {
   using V = typename S::V;
   constexpr int W = S::W;
   constexpr int64_t kBytesPerReg = W * BITS / 8;
-  const int64_t gs = w.group_size, n_groups = w.n_groups();
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = w.w + r * w.row_bytes;
-    V acc[NT];
-    float bsum[NT];
-    for (int t = 0; t < NT; ++t) {
-      acc[t] = S::zero();
-      bsum[t] = 0.0f;
-    }
-    const uint8_t* p = row;
-    for (int64_t g = 0; g < n_groups; ++g) {
-      const float s = q_scalar_at(w.scales, w.sdt, r * n_groups + g);
-      const float b = q_scalar_at(w.biases, w.sdt, r * n_groups + g);
-      __builtin_prefetch(p + 1024);
-      V part[NT];
-      for (int t = 0; t < NT; ++t) part[t] = S::zero();
-      const int64_t kb = g * gs;
-      for (int64_t k = 0; k < gs; k += W, p += kBytesPerReg) {
-        const V q = q_codes<S, BITS>(p, w.end);
-        for (int t = 0; t < NT; ++t) part[t] = S::fma(S::load(x + t * x_stride + kb + k), q, part[t]);
-      }
-      const V vs = S::set1(s);
-      for (int t = 0; t < NT; ++t) {
-        acc[t] = S::fma(vs, part[t], acc[t]);
-        bsum[t] += b * xsum[t * n_groups + g];
-      }
-    }
-    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = S::hsum(acc[t]) + bsum[t];
-  }
-}
-
-// 4 bits: each W bytes (2W codes) split into low and high nibbles — the even and the odd codes —
-// against x permuted the same way once per call (xn [n_x, in]: per block of 2W, the W even x then
-// the W odd x), instead of interleaving the nibbles back into order in every row (half the shuffles
-// per code). Two partial sums per token and group (even, odd codes).
-template <class S, int NT>
-void qgemv_rows4(const float* xn, int64_t in, const float* xsum, const QMatrix& w, int64_t r0, int64_t r1, float* y,
-                 int64_t y_stride) {
-  using V = typename S::V;
-  constexpr int W = S::W;
   const int64_t gs = w.group_size, n_groups = w.n_groups();
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* p = w.w + r * w.row_bytes;
@@ -97,20 +61,27 @@ void qgemv_rows4(const float* xn, int64_t in, const float* xsum, const QMatrix& 
       const float s = q_scalar_at(w.scales, w.sdt, r * n_groups + g);
       const float b = q_scalar_at(w.biases, w.sdt, r * n_groups + g);
       __builtin_prefetch(p + 1024);
-      V pe[NT], po[NT];
+      V pe[NT], po[NT];  // even and odd codes' partial sums (SPLIT), else pe alone
       for (int t = 0; t < NT; ++t) pe[t] = po[t] = S::zero();
       const int64_t kb = g * gs;
-      for (int64_t k = 0; k < gs; k += 2 * W, p += W) {
-        V lo, hi;
-        S::nibbles(p, lo, hi);
-        for (int t = 0; t < NT; ++t) {
-          pe[t] = S::fma(S::load(xn + t * in + kb + k), lo, pe[t]);
-          po[t] = S::fma(S::load(xn + t * in + kb + k + W), hi, po[t]);
+      if constexpr (SPLIT) {
+        for (int64_t k = 0; k < gs; k += 2 * W, p += W) {
+          V lo, hi;
+          S::nibbles(p, lo, hi);
+          for (int t = 0; t < NT; ++t) {
+            pe[t] = S::fma(S::load(x + t * x_stride + kb + k), lo, pe[t]);
+            po[t] = S::fma(S::load(x + t * x_stride + kb + k + W), hi, po[t]);
+          }
+        }
+      } else {
+        for (int64_t k = 0; k < gs; k += W, p += kBytesPerReg) {
+          const V q = q_codes<S, BITS>(p, w.end);
+          for (int t = 0; t < NT; ++t) pe[t] = S::fma(S::load(x + t * x_stride + kb + k), q, pe[t]);
         }
       }
       const V vs = S::set1(s);
       for (int t = 0; t < NT; ++t) {
-        acc[t] = S::fma(vs, S::add(pe[t], po[t]), acc[t]);
+        acc[t] = S::fma(vs, SPLIT ? S::add(pe[t], po[t]) : pe[t], acc[t]);
         bsum[t] += b * xsum[t * n_groups + g];
       }
     }
@@ -118,35 +89,24 @@ void qgemv_rows4(const float* xn, int64_t in, const float* xsum, const QMatrix& 
   }
 }
 
-template <class S, int BITS>
-void qgemv_bits(const float* x, int64_t n_x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0,
+// x [n_x, in] permuted for SPLIT: per block of 2W, the W even x, then the W odd x.
+template <class S>
+std::vector<float> split_x(const float* x, int64_t n_x, int64_t x_stride, int64_t in) {
+  constexpr int W = S::W;
+  std::vector<float> xn(static_cast<size_t>(n_x * in));
+  for (int64_t t = 0; t < n_x; ++t)
+    for (int64_t b = 0; b < in; b += 2 * W)
+      for (int i = 0; i < W; ++i) {
+        xn[t * in + b + i] = x[t * x_stride + b + 2 * i];
+        xn[t * in + b + W + i] = x[t * x_stride + b + 2 * i + 1];
+      }
+  return xn;
+}
+
+template <class S, int BITS, bool SPLIT>
+void qgemv_pass(const float* x, int64_t n_x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0,
                 int64_t r1, float* y, int64_t y_stride) {
   const int64_t n_groups = w.n_groups();
-  if constexpr (BITS == 4) {
-    constexpr int W = S::W;
-    if (w.group_size % (2 * W) == 0) {
-      const int64_t in = w.in;
-      std::vector<float> xn(static_cast<size_t>(n_x * in));
-      for (int64_t t = 0; t < n_x; ++t)
-        for (int64_t b = 0; b < in; b += 2 * W)
-          for (int i = 0; i < W; ++i) {
-            xn[t * in + b + i] = x[t * x_stride + b + 2 * i];
-            xn[t * in + b + W + i] = x[t * x_stride + b + 2 * i + 1];
-          }
-      for (int64_t t0 = 0; t0 < n_x; t0 += 4) {
-        const float* xt = xn.data() + t0 * in;
-        const float* st = xsum + t0 * n_groups;
-        float* yt = y + t0 * y_stride;
-        switch (n_x - t0 < 4 ? n_x - t0 : 4) {
-          case 1: qgemv_rows4<S, 1>(xt, in, st, w, r0, r1, yt, y_stride); break;
-          case 2: qgemv_rows4<S, 2>(xt, in, st, w, r0, r1, yt, y_stride); break;
-          case 3: qgemv_rows4<S, 3>(xt, in, st, w, r0, r1, yt, y_stride); break;
-          default: qgemv_rows4<S, 4>(xt, in, st, w, r0, r1, yt, y_stride); break;
-        }
-      }
-      return;
-    }
-  }
   // Rows in blocks so the 1..4-token passes re-read a block that is still in L1/L2.
   constexpr int64_t kRowBlock = 8;
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
@@ -156,13 +116,25 @@ void qgemv_bits(const float* x, int64_t n_x, int64_t x_stride, const float* xsum
       const float* st = xsum + t0 * n_groups;
       float* yt = y + t0 * y_stride;
       switch (n_x - t0 < 4 ? n_x - t0 : 4) {
-        case 1: qgemv_rows<S, BITS, 1>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
-        case 2: qgemv_rows<S, BITS, 2>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
-        case 3: qgemv_rows<S, BITS, 3>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
-        default: qgemv_rows<S, BITS, 4>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
+        case 1: qgemv_rows<S, BITS, 1, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
+        case 2: qgemv_rows<S, BITS, 2, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
+        case 3: qgemv_rows<S, BITS, 3, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
+        default: qgemv_rows<S, BITS, 4, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
       }
     }
   }
+}
+
+template <class S, int BITS>
+void qgemv_bits(const float* x, int64_t n_x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0,
+                int64_t r1, float* y, int64_t y_stride) {
+  if constexpr (BITS == 4) {
+    if (w.group_size % (2 * S::W) == 0) {
+      const std::vector<float> xn = split_x<S>(x, n_x, x_stride, w.in);
+      return qgemv_pass<S, BITS, true>(xn.data(), n_x, w.in, xsum, w, r0, r1, y, y_stride);
+    }
+  }
+  qgemv_pass<S, BITS, false>(x, n_x, x_stride, xsum, w, r0, r1, y, y_stride);
 }
 
 template <class S>

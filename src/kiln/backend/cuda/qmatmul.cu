@@ -17,25 +17,26 @@ namespace {
 
 constexpr int kQWarps = 4;  // warps per GEMV block
 
-// Loads one unit (BITS words) with the widest loads its alignment allows (unit offsets are
-// multiples of BITS * 4 bytes: 16 for 4/8-bit, 8 for 2/6-bit, 4 for 3/5-bit).
-template <int BITS>
-__device__ __forceinline__ void load_unit(const uint32_t* p, uint32_t (&w)[BITS]) {
-  if constexpr (BITS % 4 == 0) {
+// Loads N consecutive words (a unit of N-bit codes, or the tiled layout's scale/bias pairs) with
+// the widest loads their alignment allows (offsets are multiples of N * 4 bytes: 16 for N = 4/8,
+// 8 for N = 2/6, 4 for N = 1/3/5).
+template <int N>
+__device__ __forceinline__ void load_words(const uint32_t* p, uint32_t (&w)[N]) {
+  if constexpr (N % 4 == 0) {
 #pragma unroll
-    for (int c = 0; c < BITS / 4; ++c) {
+    for (int c = 0; c < N / 4; ++c) {
       const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + c);
       w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
     }
-  } else if constexpr (BITS % 2 == 0) {
+  } else if constexpr (N % 2 == 0) {
 #pragma unroll
-    for (int c = 0; c < BITS / 2; ++c) {
+    for (int c = 0; c < N / 2; ++c) {
       const uint2 u = __ldg(reinterpret_cast<const uint2*>(p) + c);
       w[2 * c] = u.x, w[2 * c + 1] = u.y;
     }
   } else {
 #pragma unroll
-    for (int c = 0; c < BITS; ++c) w[c] = __ldg(p + c);
+    for (int c = 0; c < N; ++c) w[c] = __ldg(p + c);
   }
 }
 
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(kQWarps * 32) qgemv_kernel(const __nv_bfloat16
       const int64_t u = u0 + 32 * k;
       if (u < U) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) load_unit<BITS>(q.w + rows[r] * row_words + u * BITS, w[k][r]);
+        for (int r = 0; r < R; ++r) load_words<BITS>(q.w + rows[r] * row_words + u * BITS, w[k][r]);
       }
     }
 #pragma unroll
@@ -264,7 +265,7 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
       for (int j = 0; j < 32; ++j) v[j] = 0.0f;
     } else {
       uint32_t w[BITS];
-      load_unit<BITS>(q.w + row * row_words + u * BITS, w);
+      load_words<BITS>(q.w + row * row_words + u * BITS, w);
       const int64_t g = row * n_groups + u / upg;
       const float sc = load_s(q.scales, q.sdt, g), bi = load_s(q.biases, q.sdt, g);
 #pragma unroll
@@ -321,23 +322,6 @@ __device__ __forceinline__ float2 pair_at(const uint32_t* w, int gi) {
   } else {
     const __half2 h = *reinterpret_cast<const __half2*>(&w[gi]);
     return __half22float2(h);
-  }
-}
-
-// N consecutive 32-bit words at p (aligned to 4 N bytes, N in 1, 2, 4, 8), read-only path.
-template <int N>
-__device__ __forceinline__ void load_words(const void* p, uint32_t (&w)[N]) {
-  if constexpr (N == 1) {
-    w[0] = __ldg(static_cast<const uint32_t*>(p));
-  } else if constexpr (N == 2) {
-    const uint2 u = __ldg(static_cast<const uint2*>(p));
-    w[0] = u.x, w[1] = u.y;
-  } else {
-#pragma unroll
-    for (int c = 0; c < N / 4; ++c) {
-      const uint4 u = __ldg(static_cast<const uint4*>(p) + c);
-      w[4 * c] = u.x, w[4 * c + 1] = u.y, w[4 * c + 2] = u.z, w[4 * c + 3] = u.w;
-    }
   }
 }
 
