@@ -2,7 +2,8 @@
 // shapes of llama-3-8b: achieved bandwidth for the packed bytes (weights + scales + biases) against
 // the measured device copy bandwidth, per shape and bit width, and the sum of one decode step's
 // projections. Each shape cycles over enough weight copies (>= 384 MB) that L2 (50 MB) cannot serve
-// them; random packed words and scales. Usage: cuda_qgemv_bench [--reps N] [--bits B (16 = bf16)] [--batch N]. Prints JSON lines, then a table.
+// them; random packed words and scales. Usage: cuda_qgemv_bench [--reps N] [--bits B (16 = bf16)] [--batch N]
+// [--shape NAME (one of the shapes below, e.g. gate/up_proj)]. Prints JSON lines, then a table.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -54,10 +55,12 @@ double weight_bytes(const backend::Weight& w) {
 
 int main(int argc, char** argv) {
   int reps = 30, only_bits = 0, only_batch = 0;  // 0: every run
+  std::string only_shape;                         // empty: every shape
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--bits") == 0) only_bits = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--batch") == 0) only_batch = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--shape") == 0) only_shape = argv[i + 1];
   }
   try {
     if (!backend::cuda_device_available()) {
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
       double step_s = 0, step_bytes = 0;
       for (const Shape& sh : shapes) {
         if (!r.all_shapes && std::string(sh.name) != "gate/up_proj") continue;
+        if (!only_shape.empty() && only_shape != sh.name) continue;
         std::vector<backend::Weight> ws;
         double bytes = 0;
         do {
@@ -132,7 +136,7 @@ int main(int argc, char** argv) {
         step_s += s * sh.per_layer;
         step_bytes += wb * sh.per_layer;
       }
-      if (r.all_shapes) {
+      if (r.all_shapes && only_shape.empty()) {
         char line[256];
         std::snprintf(line, sizeof line,
                       "| %s | %d | %d | **one decode step's projections** | %.1f | %.0f | %.0f%% |\n",

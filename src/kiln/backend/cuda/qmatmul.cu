@@ -278,11 +278,16 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
 // ---- The 4-bit tiled layout (docs/quantization.md, "CUDA"), made once per weight at first use
 // (launch_q4_tile): what the tensor-core GEMV and the 4-bit dequantizer read. A tile is 16 rows, a
 // quad 4 units (128 codes); T = ceil(out / 16) tiles, Q = ceil(in / 128) quads.
-//   codes uint4 [T][Q][2][32]: element (tile, quad, h, lane = 4g + t) holds in its word j the MLX
-//     word t of unit 4 quad + j of row 16 tile + 8h + g. A warp load is 512 contiguous bytes, and lane
-//     (g, t) holds the A fragments of rows g and g + 8 for the quad's 4 units.
+//   codes uint4 [T][Q][2][32]: element (tile, quad, h, lane = 4g + t) holds in its word j the codes
+//     8t..8t+7 of unit 4 quad + j of row 16 tile + 8h + g (the MLX word t), nibbles reordered so that
+//     pair i = nibbles (i, i + 4) holds codes (8t + 2i, 8t + 2i + 1): nibble slot of code c is
+//     c / 2 + 4 (c % 2) (tiled_slot). A warp load is 512 contiguous bytes, lane (g, t) holds the A
+//     fragments of rows g and g + 8 for the quad's 4 units, and their k order is x's own.
 //   pairs [T][Q][16][GPQ] (scale, bias) in the scales' type, GPQ = 128 / group_size (the quad's groups).
 // Rows past `out` and units past in / 32 are zeros (codes, scale and bias), so padding adds nothing.
+
+// The nibble slot of code c (0..7) in a tiled word.
+__host__ __device__ constexpr int tiled_slot(int c) { return c / 2 + 4 * (c % 2); }
 
 __global__ void q4_tile_codes_kernel(const uint32_t* __restrict__ w, int64_t out, int64_t U, int64_t Q, int64_t n,
                                      uint4* __restrict__ dst) {
@@ -294,7 +299,10 @@ __global__ void q4_tile_codes_kernel(const uint32_t* __restrict__ w, int64_t out
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t unit = 4 * quad + j;
-      v[j] = row < out && unit < U ? w[(row * U + unit) * 4 + (lane & 3)] : 0u;
+      const uint32_t m = row < out && unit < U ? w[(row * U + unit) * 4 + (lane & 3)] : 0u;
+      v[j] = 0u;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) v[j] |= ((m >> (4 * c)) & 15u) << (4 * tiled_slot(c));
     }
     dst[i] = make_uint4(v[0], v[1], v[2], v[3]);
   }
@@ -353,7 +361,7 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
       const float sc = in ? to_f(pp[2 * gi]) : 0.0f, bi = in ? to_f(pp[2 * gi + 1]) : 0.0f;
       float v[8];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) v[c] = fmaf(sc, static_cast<float>((w[j] >> (4 * c)) & 15u), bi);
+      for (int c = 0; c < 8; ++c) v[c] = fmaf(sc, static_cast<float>((w[j] >> (4 * tiled_slot(c))) & 15u), bi);
       store_n<OT, VEC>(dst + i * q.in + u * 32 + 8 * t, v);
     }
   }
@@ -361,19 +369,18 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 
 // ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) over the tiled
 // layout, for 1-8 tokens per pass and up to kQMultiMax matrices sharing x (q/k/v, gate/up).
-// A block of W = kTcWarps warps owns one tile of one matrix; warp w takes quads [w Q / W, (w + 1) Q / W).
+// A block of W warps owns one tile of one matrix; warp w takes quads [w Q / W, (w + 1) Q / W).
 // Each MMA covers 16 codes of one unit, so of one group: the raw codes go into the MMA as bf16
-// (128 + q) (one and-or per code pair: ((w >> 4i) & 0x000F000F) | 0x43004300, exact), a second MMA
-// with all-ones A sums the same x, and the affine map is applied once per (row, group, token) in f32:
+// (128 + q) (one shift and one lop3 per code pair: ((w >> 4i) & 0x000F000F) | 0x43004300, exact), a
+// second MMA with all-ones A sums the same x, and the affine map is applied once per (row, group,
+// token) in f32:
 //   y += scale · (C − 128 S) + bias · S        (C = Σ x (128 + q), S = Σ x over the group).
-// Per code pair that is one shift (amortized) and one and-or, against four instructions to dequantize
-// every weight to bf16 first (measured against that kernel: BENCHMARKS.md, "Quantized (H200)").
-// Lane (g, t) takes word t of each unit (codes 8t..8t+7); its pairs i (codes 8t+i, 8t+i+4) fill the
-// k slots (2t, 2t+1) and (2t+8, 2t+9) of two MMAs (i = 0, 1 and i = 2, 3), so its B fragments are x
-// of codes (8t, 8t+4), (8t+1, 8t+5) and (8t+2, 8t+6), (8t+3, 8t+7) of token g: the warp stages each
-// round's x in shared memory in that order.
+// Lane (g, t) holds word t of each unit (codes 8t..8t+7, tiled so that its pairs i are codes
+// (8t + 2i, 8t + 2i + 1)): pairs 0, 1 fill k slots (2t, 2t+1) and (2t+8, 2t+9) of one MMA and pairs 2, 3
+// those of the next, so its B fragments are x[8t..8t+7] of token g in memory order: one 16-byte load
+// (x is small and read by every block: L1/L2 hits), no staging.
 // Latency: a round of R quads requests all its code and pair loads (512-byte contiguous warp loads)
-// before staging x and the first MMA. The warps' partial sums meet in shared memory.
+// before the first MMA. The warps' partial sums meet in shared memory.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -382,34 +389,32 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Codes i and i + 4 of word w (i in 0..3) as bf16x2 (128 + q_i, 128 + q_{i+4}).
+// Nibbles i and i + 4 of word w (i in 0..3) as bf16x2 (128 + q, 128 + q'): one shift and one lop3
+// (the compiler splits a plain `& mask | magic` into two).
 __device__ __forceinline__ uint32_t code_pair(uint32_t w, int i) {
-  return ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w >> (4 * i)), "n"(0x000F000F), "n"(0x43004300));
+  return r;
 }
 
-// Warps per block, quads per round and blocks per SM the registers must allow, measured on the
-// H200 (bf16 scales g64, BENCHMARKS.md): 4 warps x 4 quads (8 code loads in flight per lane, no
-// spills at 118 registers) beat 8 warps x 2 quads at 64 registers (spilling) and 16-warp blocks,
-// and prefetching the next round into registers did not pay.
-// Rounds of two quads where a quad's pair words are many (group 32, f32 scales): no spills.
-constexpr int kTcWarps = 4, kQ4MinBlocks = 4;
+// Warps per block (4, or 8 for matrices of few tiles: the launcher's choice), quads per round and
+// blocks per SM the registers must allow, measured on the H200 (bf16 scales g64, BENCHMARKS.md):
+// 4 quads per round (8 code loads in flight per lane) beat 2 quads with more blocks, and
+// prefetching the next round into registers did not pay. Rounds of two quads where a quad's pair
+// words are many (group 32, f32 scales): no spills.
 template <typename ST, int GS>
 constexpr int q4_round() {
   return (128 / GS) * (sizeof(ST) == 4 ? 2 : 1) >= 4 ? 2 : 4;
 }
-// Shared memory per warp and token: the round's permuted x (256 bytes per quad).
-constexpr size_t q4_smem_per_token(int r) { return static_cast<size_t>(r) * 256; }
 
-// grid (total tiles of all matrices, ceil(n / 8)); block kTcWarps * 32; dynamic shared memory
-// kTcWarps * nt_max * q4_smem_per_token(q4_round) (nt_max = tokens per pass, min(n, 8)).
-template <typename ST, int GS>
-__global__ void __launch_bounds__(kTcWarps * 32, kQ4MinBlocks) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x,
-                                                                                int64_t n, int nt_max, QMulti m) {
-  constexpr int R = q4_round<ST, GS>(), W = kTcWarps;
+// grid (total tiles of all matrices, ceil(n / 8)); block W * 32.
+template <typename ST, int GS, int W>
+__global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
+                                                                   QMulti m) {
+  constexpr int R = q4_round<ST, GS>();
   constexpr int GPQ = 128 / GS, UPG = GS / 32;                  // groups per quad, units per group
   constexpr int PW = GPQ * (sizeof(ST) == 4 ? 2 : 1);           // pair words per row and quad
   constexpr uint32_t kOnes = 0x3F803F80u;                       // bf16x2 (1, 1)
-  extern __shared__ uint4 smem[];
   __shared__ float red[W][16][8];
   pdl_trigger();
   int mi = 0;  // the matrix of this tile
@@ -422,10 +427,18 @@ __global__ void __launch_bounds__(kTcWarps * 32, kQ4MinBlocks) qgemv4_tc_kernel(
   const int64_t Q = (q.in + 127) / 128;
   const uint4* codes = reinterpret_cast<const uint4*>(q.w) + tile * Q * 64 + lane;
   const uint32_t* pairs = static_cast<const uint32_t*>(q.pairs) + (tile * Q * 16 + g) * PW;
-  uint4* xs = smem + warp * nt_max * R * 16;                 // [token][R * 16] permuted x
-  const uint4* xg = reinterpret_cast<const uint4*>(x + t0 * q.in);  // this pass's tokens, 8 x per uint4
   const int64_t q_begin = warp * Q / W, q_end = (warp + 1) * Q / W;
   const int tg = g < nt ? g : nt - 1;  // B column g: token g (columns past nt are computed, never stored)
+  const int xv_n = static_cast<int>(q.in / 8);  // 16-byte vectors of x per token
+  const uint4* xrow = reinterpret_cast<const uint4*>(x + (t0 + tg) * q.in) + t;
+  // Quad qd's x for this lane: units 0..3, 8 values each (zeros past `in`).
+  auto load_xq = [&](int64_t qd, uint4 (&xv)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t v = qd * 16 + u * 4;  // + t: this lane's vector
+      xv[u] = v + t < xv_n ? __ldg(xrow + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // C layout: rows g, g + 8 x tokens 2t, 2t + 1
   for (int64_t q0 = q_begin; q0 < q_end; q0 += R) {
@@ -439,33 +452,25 @@ __global__ void __launch_bounds__(kTcWarps * 32, kQ4MinBlocks) qgemv4_tc_kernel(
       load_words<PW>(pairs + qd * 16 * PW, pl[k]);
       load_words<PW>(pairs + (qd * 16 + 8) * PW, ph[k]);
     }
-    pdl_wait();    // x is the previous kernel's output (the loads above read weights only)
-    __syncwarp();  // the previous round's readers are done
-    // Stage x of quads [q0, q0 + R) for each token, permuted into B fragments.
-    for (int i = lane; i < nt * R * 16; i += 32) {
-      const int tok = i / (R * 16), v = i % (R * 16);  // v = 16 k + 4 j + t'
-      const int64_t col = q0 * 16 + v;                  // 16-byte vector within the row
-      const uint4 X = col < q.in / 8 ? __ldg(xg + tok * (q.in / 8) + col) : make_uint4(0u, 0u, 0u, 0u);
-      xs[i] = make_uint4(__byte_perm(X.x, X.z, 0x5410), __byte_perm(X.x, X.z, 0x7632), __byte_perm(X.y, X.w, 0x5410),
-                         __byte_perm(X.y, X.w, 0x7632));
-    }
-    __syncwarp();
+    pdl_wait();  // x is the previous kernel's output (the loads above read weights only)
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       if (q0 + k >= q_end) break;
+      uint4 xv[4];
+      load_xq(q0 + k, xv);
       const uint32_t lo[4] = {wl[k].x, wl[k].y, wl[k].z, wl[k].w}, hi[4] = {wh[k].x, wh[k].y, wh[k].z, wh[k].w};
-      const uint4* xk = xs + tg * R * 16 + k * 16 + t;
 #pragma unroll
       for (int gi = 0; gi < GPQ; ++gi) {
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int jj = 0; jj < UPG; ++jj) {
-          const int j = gi * UPG + jj;
-          const uint4 xv = xk[4 * j];
-          mma_bf16(c, code_pair(lo[j], 0), code_pair(hi[j], 0), code_pair(lo[j], 1), code_pair(hi[j], 1), xv.x, xv.y);
-          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, xv.x, xv.y);
-          mma_bf16(c, code_pair(lo[j], 2), code_pair(hi[j], 2), code_pair(lo[j], 3), code_pair(hi[j], 3), xv.z, xv.w);
-          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, xv.z, xv.w);
+          const int u = gi * UPG + jj;
+          mma_bf16(c, code_pair(lo[u], 0), code_pair(hi[u], 0), code_pair(lo[u], 1), code_pair(hi[u], 1), xv[u].x,
+                   xv[u].y);
+          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, xv[u].x, xv[u].y);
+          mma_bf16(c, code_pair(lo[u], 2), code_pair(hi[u], 2), code_pair(lo[u], 3), code_pair(hi[u], 3), xv[u].z,
+                   xv[u].w);
+          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, xv[u].z, xv[u].w);
         }
         const float2 sl = pair_at<ST>(pl[k], gi), sh = pair_at<ST>(ph[k], gi);
         acc[0] = fmaf(sl.x, fmaf(-128.0f, sx[0], c[0]), fmaf(sl.y, sx[0], acc[0]));
@@ -549,23 +554,24 @@ void launch_q4_tile(const QWeightArgs& w, void* codes, void* pairs, cudaStream_t
 
 void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t s) {
   if (n == 0 || m.count == 0 || m.tiles[m.count] == 0) return;
+  static int n_sms = 0;
+  if (!n_sms) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev);
+  }
+  // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (o, down, k/v).
+  const bool wide = m.tiles[m.count] * 4 < int64_t{n_sms} * 16;
   for (int64_t t0 = 0; t0 < n; t0 += 8 * 65535) {  // grid.y limit (never reached by the caller's batches)
     const int64_t nn = n - t0 < 8 * 65535 ? n - t0 : 8 * 65535;
     QMulti mm = m;
     for (int i = 0; i < m.count; ++i)
       mm.y[i] = static_cast<char*>(m.y[i]) + t0 * m.w[i].out * (m.yt[i] == Dt::f32 ? 4 : 2);
     dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>((nn + 7) / 8));
-    const int nt_max = static_cast<int>(nn < 8 ? nn : 8);
     const auto* xp = static_cast<const __nv_bfloat16*>(x) + t0 * m.w[0].in;
     dispatch_q4(m.w[0].sdt, m.w[0].group_size, [&]<typename ST, int GS>() {
-      constexpr size_t per_token = kTcWarps * q4_smem_per_token(q4_round<ST, GS>());
-      static bool raised = false;  // 8 tokens may need more than the 48 KB default: opt in, once
-      if (!raised) {
-        cudaFuncSetAttribute(qgemv4_tc_kernel<ST, GS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(8 * per_token));
-        raised = true;
-      }
-      launch_pdl(qgemv4_tc_kernel<ST, GS>, grid, kTcWarps * 32, nt_max * per_token, s, xp, nn, nt_max, mm);
+      if (wide) launch_pdl(qgemv4_tc_kernel<ST, GS, 8>, grid, 8 * 32, 0, s, xp, nn, mm);
+      else launch_pdl(qgemv4_tc_kernel<ST, GS, 4>, grid, 4 * 32, 0, s, xp, nn, mm);
     });
   }
   KILN_CUDA_LAUNCH_CHECK("qgemv4_tc");
