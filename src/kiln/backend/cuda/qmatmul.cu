@@ -560,7 +560,9 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t 
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev);
   }
-  // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (o, down, k/v).
+  // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (q/k/v, o, down of an
+  // 8B model; measured on the H200: llama-3-8b 4-bit batch 1 decode 370.6 tok/s against 333.5 with
+  // 4 warps everywhere and 339.1 with 8 everywhere).
   const bool wide = m.tiles[m.count] * 4 < int64_t{n_sms} * 16;
   for (int64_t t0 = 0; t0 < n; t0 += 8 * 65535) {  // grid.y limit (never reached by the caller's batches)
     const int64_t nn = n - t0 < 8 * 65535 ? n - t0 : 8 * 65535;
