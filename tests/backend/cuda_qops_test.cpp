@@ -20,6 +20,9 @@
 #include <string>
 
 #include "cpu_test_util.h"
+#ifdef KILN_HAVE_CUDA
+#include "kiln/backend/cuda/cuda_backend.h"
+#endif
 
 namespace kiln::backend {
 namespace {
@@ -187,6 +190,57 @@ TEST_F(CudaQOps, MatmulMultiFourBit) {
         expect_close(to_floats(gpu_->to_host(solo)), to_floats(ref), 1e-2, 1.0 / 64, fmt::format("matrix {} alone", i));
       }
     }
+}
+
+// 4-bit experts stacked in one tensor each for codes, scales and biases (mlx-lm's switch_mlp
+// [E, out, in]) and used through per-expert row views, as the MoE models do: every view is tiled at
+// its first use, and the stacked MLX copies leave the device once all experts are tiled, not before
+// (weight bytes on the device: the uploads, plus each tiled expert, minus the stacked copies).
+TEST_F(CudaQOps, StackedFourBitExpertsDropTheirMlxCopiesOnceAllAreTiled) {
+#ifdef KILN_HAVE_CUDA
+  Rng rng("CudaQOps.Stacked");
+  constexpr int64_t E = 4, out = 40, in = 320;  // 3 tiles x 3 quads per expert: rows and codes padded
+  constexpr int gs = 64;
+  Tensor w = Tensor::host(DType::u32, {E, out, in / 8});
+  Tensor sc = Tensor::host(DType::bf16, {E, out, in / gs}), bi = Tensor::host(DType::bf16, {E, out, in / gs});
+  std::vector<Weight> experts(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const Weight one = random_qweight(rng, out, in, 4, gs, DType::bf16);
+    std::memcpy(w.ptr<uint32_t>() + e * out * (in / 8), one.w.data, one.w.nbytes());
+    std::memcpy(sc.ptr<uint16_t>() + e * out * (in / gs), one.scales.data, one.scales.nbytes());
+    std::memcpy(bi.ptr<uint16_t>() + e * out * (in / gs), one.biases.data, one.biases.nbytes());
+  }
+  auto rows = [&](const Tensor& t, int64_t e) { return t.view({E * out, t.dim(2)}).slice_rows(e * out, (e + 1) * out); };
+  for (int64_t e = 0; e < E; ++e) {
+    experts[e].bits = 4;
+    experts[e].group_size = gs;
+    experts[e].w = rows(w, e);
+    experts[e].scales = rows(sc, e);
+    experts[e].biases = rows(bi, e);
+  }
+  auto* cb = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
+  ASSERT_NE(cb, nullptr);
+  const int64_t before = cb->stats().weight_bytes;
+  for (const Tensor* t : {&w, &sc, &bi}) gpu_->prefetch_weight(*t);
+  const int64_t stacked = static_cast<int64_t>(w.nbytes() + sc.nbytes() + bi.nbytes());
+  ASSERT_EQ(cb->stats().weight_bytes, before + stacked);
+  // One expert tiled (docs/quantization.md): 1 KB of codes per (tile, quad), and per (tile, quad)
+  // 16 rows x (128 / gs) (scale, bias) pairs of bf16.
+  const int64_t tq = ((out + 15) / 16) * ((in + 127) / 128), tiled = tq * 1024 + tq * 16 * (128 / gs) * 2 * 2;
+  const Tensor x = act(rng, {1, in}), xd = gpu_->upload(convert(x, DType::bf16));
+  for (int pass = 0; pass < 2; ++pass)  // the second pass runs on the tiled copies alone
+    for (int64_t e = 0; e < E; ++e) {
+      SCOPED_TRACE(fmt::format("pass {} expert {}", pass, e));
+      Tensor y = poisoned(DType::f32, {1, out}), ref = Tensor::host(DType::f32, {1, out});
+      gpu_->matmul(xd, experts[e], y);
+      cpu_->matmul(x, experts[e], ref);
+      expect_close(to_floats(gpu_->to_host(y)), to_floats(ref), 1e-4, 1e-4, "expert");
+      const int64_t want = pass == 0 && e + 1 < E ? before + stacked + (e + 1) * tiled : before + E * tiled;
+      EXPECT_EQ(cb->stats().weight_bytes, want) << "device weight bytes";
+    }
+#else
+  GTEST_SKIP() << "a build without CUDA";
+#endif
 }
 
 TEST_F(CudaQOps, EmbeddingEveryWidth) {

@@ -103,6 +103,10 @@ struct CudaBackend::Impl {
   struct Resident {
     size_t bytes;
     std::shared_ptr<void> host_holder, dev;
+    // Disjoint byte ranges [offset, end) of this tensor re-laid out through views (4-bit MoE experts
+    // of a stacked tensor, row slices of a fused projection): once they cover it, nothing reads it.
+    std::map<size_t, size_t> tiled = {};
+    size_t tiled_bytes = 0;
   };
   std::map<uintptr_t, Resident> resident;
   // 4-bit weights in the tiled layout (qkernels.h), by the address of their code tensor (host or

@@ -6,6 +6,7 @@
 #include "kiln/backend/cuda/cuda_qops.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "kiln/backend/cuda/qkernels.h"
 
@@ -22,18 +23,33 @@ struct QResident {
   Tensor w, scales, biases;  // device views (keep the copies alive for the call)
 };
 
-// Drops the device copy of host tensor t when it is a whole uploaded tensor (not a view).
+// Drops the device copy that holds host tensor t once no kernel reads it: t is that whole uploaded
+// tensor, or a view inside it (an expert of a stacked switch_mlp tensor, a row slice of a fused
+// projection) and the disjoint views re-laid out so far now cover it.
 void drop_resident(CudaBackend::Impl& im, const Tensor& t) {
   if (t.device == Device::cuda) return;
-  auto it = im.resident.find(reinterpret_cast<uintptr_t>(t.data));
-  if (it == im.resident.end() || it->second.bytes != t.nbytes()) return;
-  im.stats.weight_bytes -= static_cast<int64_t>(it->second.bytes);
+  const auto p = reinterpret_cast<uintptr_t>(t.data);
+  auto it = im.resident.upper_bound(p);
+  if (it == im.resident.begin()) return;
+  --it;
+  CudaBackend::Impl::Resident& r = it->second;
+  const size_t off = p - it->first, end = off + t.nbytes();
+  if (end > r.bytes) return;  // not inside this tensor
+  if (end - off < r.bytes) {
+    const auto next = r.tiled.lower_bound(off);
+    if (next != r.tiled.end() && next->first < end) return;  // overlaps a range already counted
+    if (next != r.tiled.begin() && std::prev(next)->second > off) return;
+    r.tiled.emplace(off, end);
+    r.tiled_bytes += end - off;
+    if (r.tiled_bytes < r.bytes) return;
+  }
+  im.stats.weight_bytes -= static_cast<int64_t>(r.bytes);
   im.resident.erase(it);
 }
 
 // A 4-bit weight lives on the device in the tiled layout only: at its first use (always an eager
 // step: graph regions are recorded on a key's second step) its MLX copies, uploaded at load, are
-// tiled and dropped.
+// tiled and dropped (for views: once every view of the uploaded tensor is tiled).
 QResident tiled_q4(CudaBackend::Impl& im, const Weight& w, const char* op, int64_t out, int64_t in) {
   const auto key = reinterpret_cast<uintptr_t>(w.w.data);
   auto it = im.q4_tiled.find(key);
