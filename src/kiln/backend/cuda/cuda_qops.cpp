@@ -171,7 +171,7 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
   Tensor xb = bf16_input(be, im, x);
   if (im.skip()) return true;
   ProfScope ps(im, "matmul (qgemv)");
-  launch_qgemv_multi(xb.data, n, m, im.stream);
+  launch_qgemv_multi(xb.data, n, m, im.n_sms, im.stream);
   return true;
 }
 
@@ -186,7 +186,7 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
   if (n <= qgemv_max_tokens(w.bits)) {
     if (im.skip()) return;
     ProfScope ps(im, "matmul (qgemv)");
-    launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, c.bias_dt, y.data, ydt, im.stream);
+    launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, c.bias_dt, y.data, ydt, im.n_sms, im.stream);
     return;
   }
   // Prefill / large batches: chunks of whole rows (a multiple of 128) dequantized to bf16, then the

@@ -552,14 +552,8 @@ void launch_q4_tile(const QWeightArgs& w, void* codes, void* pairs, cudaStream_t
   KILN_CUDA_LAUNCH_CHECK("q4_tile");
 }
 
-void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t s) {
+void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, cudaStream_t s) {
   if (n == 0 || m.count == 0 || m.tiles[m.count] == 0) return;
-  static int n_sms = 0;
-  if (!n_sms) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev);
-  }
   // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (q/k/v, o, down of an
   // 8B model; measured on the H200: llama-3-8b 4-bit batch 1 decode 370.6 tok/s against 333.5 with
   // 4 warps everywhere and 339.1 with 8 everywhere).
@@ -580,12 +574,12 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, cudaStream_t 
 }
 
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
-                  cudaStream_t s) {
+                  int n_sms, cudaStream_t s) {
   if (n == 0 || w.out == 0) return;
   if (w.pairs) {
     QMulti m{};
     m.add(w, bias, bt, y, yt);
-    return launch_qgemv_multi(x, n, m, s);
+    return launch_qgemv_multi(x, n, m, n_sms, s);
   }
   for (int64_t t0 = 0; t0 < n; t0 += 65535) {  // grid.y limit (never reached by the caller's batches)
     const int64_t nn = n - t0 < 65535 ? n - t0 : 65535;
