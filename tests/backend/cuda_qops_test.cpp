@@ -7,8 +7,9 @@
 // Tolerances on ‖gpu − cpu‖₂ / ‖cpu‖₂ and max |gpu − cpu| / max |cpu|:
 //   bf16 outputs: 1e-2 and 2^-6 (bf16 rounding of the result; of the weights on the GEMM path);
 //   f32 outputs of the GEMVs (one token, or up to 16 at 4 bits): 1e-4 and 1e-4 (exact weights, f32
-//   sums in another order); other f32 outputs: 1e-2 and 2^-6 (the dequantize + cuBLASLt path rounds
-//   the dequantized weights to bf16).
+//   sums in another order; the 4-bit kernel also rounds x to 15 bits of each group's range, an error
+//   of at most 2^-16 of the group's max |x|); other f32 outputs: 1e-2 and 2^-6 (the dequantize +
+//   cuBLASLt path rounds the dequantized weights to bf16).
 // 4-bit weights are tiled on the device at first use (qkernels.h) and take the tensor-core GEMV for
 // up to 16 tokens; the other widths keep the MLX layout and the CUDA-core GEMV.
 // Reports SKIPPED where no CUDA device is present.
@@ -189,6 +190,35 @@ TEST_F(CudaQOps, MatmulMultiFourBit) {
         gpu_->matmul(xd, w[i], solo);
         expect_close(to_floats(gpu_->to_host(solo)), to_floats(ref), 1e-2, 1.0 / 64, fmt::format("matrix {} alone", i));
       }
+    }
+}
+
+// The 4-bit GEMV rounds x per (token, group) to integers on a scale of the group's max |x|: groups of
+// zeros, a 1000x outlier beside ordinary values, and tiny values (1e-30) must come out as the CPU's.
+// Tolerance 1e-3: where the outlier's term dominates every output, its group's other values keep
+// ~15 bits of the outlier's range: ~1e-4 relative error in y (measured on the H200: 3.2e-4 for the
+// largest); a broken zero / tiny / clamp case gives NaN or errors of order 1.
+TEST_F(CudaQOps, FourBitGemvActivationRanges) {
+  Rng rng("CudaQOps.ActivationRanges");
+  const int64_t in = 512, out = 200;
+  for (int gs : {32, 64, 128})
+    for (int64_t n : {1, 3}) {
+      SCOPED_TRACE(fmt::format("gs={} n={}", gs, n));
+      Weight w = random_qweight(rng, out, in, 4, gs, DType::bf16);
+      Tensor x = act(rng, {n, in});
+      float* xp = x.ptr<float>();
+      for (int64_t r = 0; r < n; ++r) {
+        float* row = xp + r * in;
+        for (int64_t c = 0; c < gs; ++c) row[c] = 0.0f;              // group 0: zeros
+        row[gs + 3] = 1000.0f;                                        // group 1: one outlier
+        for (int64_t c = 2 * gs; c < 3 * gs; ++c) row[c] *= 1e-30f;  // group 2: tiny
+        for (int64_t c = 0; c < in; ++c) row[c] = bf16_to_f32(f32_to_bf16(row[c]));
+      }
+      Tensor ref = Tensor::host(DType::f32, {n, out});
+      cpu_->matmul(x, w, ref);
+      Tensor y = poisoned(DType::f32, {n, out});
+      gpu_->matmul(gpu_->upload(convert(x, DType::bf16)), w, y);
+      expect_close(to_floats(gpu_->to_host(y)), to_floats(ref), 1e-3, 1e-3, "4-bit GEMV");
     }
 }
 

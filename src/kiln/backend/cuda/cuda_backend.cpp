@@ -157,6 +157,12 @@ Tensor CudaBackend::alloc(DType t, Shape s) {
   return impl_->in_step ? impl_->arena_alloc(t, std::move(s)) : impl_->dev_alloc(t, std::move(s));
 }
 
+Tensor CudaBackend::Impl::scratch(int64_t bytes) {
+  if (in_step) return arena_alloc(DType::u8, {bytes});
+  if (loose_scratch.numel() < bytes) loose_scratch = dev_alloc(DType::u8, {bytes});
+  return loose_scratch;
+}
+
 Tensor CudaBackend::upload(const Tensor& host) {
   Impl& im = *impl_;
   if (host.device == Device::cuda) return host;

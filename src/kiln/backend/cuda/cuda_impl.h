@@ -134,6 +134,10 @@ struct CudaBackend::Impl {
   void drop_graphs();
   Tensor dev_alloc(DType t, Shape s);              // persistent cudaMalloc
   Tensor arena_alloc(DType t, Shape s);            // per-step
+  // Device scratch of an op: from the arena inside a step, else one persistent buffer (grown as
+  // needed; ops outside steps run in stream order, so one buffer serves them all).
+  Tensor scratch(int64_t bytes);
+  Tensor loose_scratch;
   Tensor resident_of(const Tensor& t, const char* op);  // device view of a weight
   void flush_profile();
 };

@@ -169,9 +169,10 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
     m.add(c.q.args, c.bias.empty() ? nullptr : c.bias.data, c.bias_dt, ys[i]->data, dt_of(*ys[i], "matmul", "y"));
   }
   Tensor xb = bf16_input(be, im, x);
+  Tensor qx = im.scratch(q4_qx_bytes(n, m.w[0].in, m.w[0].group_size));
   if (im.skip()) return true;
   ProfScope ps(im, "matmul (qgemv)");
-  launch_qgemv_multi(xb.data, n, m, im.n_sms, im.stream);
+  launch_qgemv_multi(xb.data, n, m, im.n_sms, qx.data, im.stream);
   return true;
 }
 
@@ -184,9 +185,12 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
   Tensor xb = bf16_input(be, im, x);
   const Dt ydt = dt_of(y, "matmul", "y");
   if (n <= qgemv_max_tokens(w.bits)) {
+    Tensor qx;  // the tiled 4-bit kernel's quantized activations
+    if (q.args.pairs) qx = im.scratch(q4_qx_bytes(n, in, w.group_size));
     if (im.skip()) return;
     ProfScope ps(im, "matmul (qgemv)");
-    launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, c.bias_dt, y.data, ydt, im.n_sms, im.stream);
+    launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, c.bias_dt, y.data, ydt, im.n_sms, qx.data,
+                 im.stream);
     return;
   }
   // Prefill / large batches: chunks of whole rows (a multiple of 128) dequantized to bf16, then the

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "kiln/backend/cuda/common.cuh"
 #include "kiln/backend/cuda/qkernels.h"
@@ -230,17 +231,19 @@ void launch_bits(const void* x, int64_t n, const QWeightArgs& q, const void* bia
   launch_rows<BITS, 1>(x, n, q, bias, bt, y, yt, s);
 }
 
-// N values (N * sizeof(OT) a multiple of 16) to dst, with 16-byte stores when VEC (dst aligned).
+// N values (N * sizeof(OT) a multiple of 8) to dst, with 16- (or 8-) byte stores when VEC (dst
+// aligned to the store).
 template <typename OT, bool VEC, int N>
 __device__ __forceinline__ void store_n(OT* d, const float (&v)[N]) {
   if constexpr (VEC) {
-    constexpr int per = 16 / sizeof(OT);
+    using V = std::conditional_t<N * sizeof(OT) % 16 == 0, uint4, uint2>;
+    constexpr int per = sizeof(V) / sizeof(OT);
 #pragma unroll
     for (int c = 0; c < N / per; ++c) {
       alignas(16) OT tmp[per];
 #pragma unroll
       for (int e = 0; e < per; ++e) tmp[e] = from_f<OT>(v[c * per + e]);
-      reinterpret_cast<uint4*>(d)[c] = *reinterpret_cast<const uint4*>(tmp);
+      reinterpret_cast<V*>(d)[c] = *reinterpret_cast<const V*>(tmp);
     }
   } else {
 #pragma unroll
@@ -278,16 +281,24 @@ __global__ void qdequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows,
 // ---- The 4-bit tiled layout (docs/quantization.md, "CUDA"), made once per weight at first use
 // (launch_q4_tile): what the tensor-core GEMV and the 4-bit dequantizer read. A tile is 16 rows, a
 // quad 4 units (128 codes); T = ceil(out / 16) tiles, Q = ceil(in / 128) quads.
-//   codes uint4 [T][Q][2][32]: element (tile, quad, h, lane = 4g + t) holds in its word j the codes
-//     8t..8t+7 of unit 4 quad + j of row 16 tile + 8h + g (the MLX word t), nibbles reordered so that
-//     pair i = nibbles (i, i + 4) holds codes (8t + 2i, 8t + 2i + 1): nibble slot of code c is
-//     c / 2 + 4 (c % 2) (tiled_slot). A warp load is 512 contiguous bytes, lane (g, t) holds the A
-//     fragments of rows g and g + 8 for the quad's 4 units, and their k order is x's own.
+//   codes uint4 [T][Q][2][32]: element (tile, quad, h, lane = 4g + t) holds in its word j 8 codes of
+//     unit 4 quad + j of row 16 tile + 8h + g: byte b of the word holds column 4t + b of the unit in
+//     its low nibble and column 16 + 4t + b in its high nibble. A warp load is 512 contiguous bytes,
+//     and (word & 0x0F0F0F0F, (word >> 4) & 0x0F0F0F0F) are exactly lane (g, t)'s u8 A fragments of
+//     an m16n8k32 MMA over the unit (k = the column in the unit).
 //   pairs [T][Q][16][GPQ] (scale, bias) in the scales' type, GPQ = 128 / group_size (the quad's groups).
 // Rows past `out` and units past in / 32 are zeros (codes, scale and bias), so padding adds nothing.
 
-// The nibble slot of code c (0..7) in a tiled word.
-__host__ __device__ constexpr int tiled_slot(int c) { return c / 2 + 4 * (c % 2); }
+// The tiled word of lane t for one unit of one row, from the unit's 4 MLX words m (word i holds
+// columns 8i..8i+7, LSB first): columns 4t..4t+3 are in word t / 2, 16 + 4t.. in word 2 + t / 2.
+__device__ __forceinline__ uint32_t tiled_word(const uint32_t* m, int t) {
+  const int sh = 16 * (t & 1);
+  const uint32_t lo = m[t >> 1] >> sh, hi = m[2 + (t >> 1)] >> sh;
+  uint32_t v = 0u;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) v |= ((lo >> (4 * b)) & 15u) << (8 * b) | ((hi >> (4 * b)) & 15u) << (8 * b + 4);
+  return v;
+}
 
 __global__ void q4_tile_codes_kernel(const uint32_t* __restrict__ w, int64_t out, int64_t U, int64_t Q, int64_t n,
                                      uint4* __restrict__ dst) {
@@ -299,10 +310,7 @@ __global__ void q4_tile_codes_kernel(const uint32_t* __restrict__ w, int64_t out
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t unit = 4 * quad + j;
-      const uint32_t m = row < out && unit < U ? w[(row * U + unit) * 4 + (lane & 3)] : 0u;
-      v[j] = 0u;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) v[j] |= ((m >> (4 * c)) & 15u) << (4 * tiled_slot(c));
+      v[j] = row < out && unit < U ? tiled_word(w + (row * U + unit) * 4, lane & 3) : 0u;
     }
     dst[i] = make_uint4(v[0], v[1], v[2], v[3]);
   }
@@ -333,9 +341,9 @@ __device__ __forceinline__ float2 pair_at(const uint32_t* w, int gi) {
   }
 }
 
-// One thread per (row, quad, t) of the tiled layout: its uint4 holds codes 8t..8t+7 of the quad's 4
-// units of the row, written as 4 runs of 8 values (as qdequant_kernel computes them). The 4 threads of
-// a (row, quad) read 64 contiguous bytes.
+// One thread per (row, quad, t) of the tiled layout: its uint4 holds columns 4t..4t+3 and
+// 16+4t..16+4t+3 of the quad's 4 units of the row, written as 8 runs of 4 values (as qdequant_kernel
+// computes them). The 4 threads of a (row, quad) read 64 contiguous bytes.
 template <typename ST, typename OT, bool VEC>
 __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict__ rows, int64_t r0, int64_t n_rows,
                                         OT* __restrict__ dst) {
@@ -359,62 +367,117 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
       if (u >= U) break;
       const int gi = j * 32 / q.group_size;
       const float sc = in ? to_f(pp[2 * gi]) : 0.0f, bi = in ? to_f(pp[2 * gi + 1]) : 0.0f;
-      float v[8];
+      float lo[4], hi[4];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) v[c] = fmaf(sc, static_cast<float>((w[j] >> (4 * tiled_slot(c))) & 15u), bi);
-      store_n<OT, VEC>(dst + i * q.in + u * 32 + 8 * t, v);
+      for (int b = 0; b < 4; ++b) {
+        lo[b] = fmaf(sc, static_cast<float>((w[j] >> (8 * b)) & 15u), bi);
+        hi[b] = fmaf(sc, static_cast<float>((w[j] >> (8 * b + 4)) & 15u), bi);
+      }
+      store_n<OT, VEC>(dst + i * q.in + u * 32 + 4 * t, lo);
+      store_n<OT, VEC>(dst + i * q.in + u * 32 + 16 + 4 * t, hi);
     }
   }
 }
 
-// ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) over the tiled
-// layout, for 1-8 tokens per pass and up to kQMultiMax matrices sharing x (q/k/v, gate/up).
-// A block of W warps owns one tile of one matrix; warp w takes quads [w Q / W, (w + 1) Q / W).
-// Each MMA covers 16 codes of one unit, so of one group: the raw codes go into the MMA as bf16
-// (128 + q) (one shift and one lop3 per code pair: ((w >> 4i) & 0x000F000F) | 0x43004300, exact), a
-// second MMA with all-ones A sums the same x, and the affine map is applied once per (row, group,
-// token) in f32:
-//   y += scale · (C − 128 S) + bias · S        (C = Σ x (128 + q), S = Σ x over the group).
-// Lane (g, t) holds word t of each unit (codes 8t..8t+7, tiled so that its pairs i are codes
-// (8t + 2i, 8t + 2i + 1)): pairs 0, 1 fill k slots (2t, 2t+1) and (2t+8, 2t+9) of one MMA and pairs 2, 3
-// those of the next, so its B fragments are x[8t..8t+7] of token g in memory order: one 16-byte load
-// (x is small and read by every block: L1/L2 hits), no staging.
-// Latency: a round of R quads requests all its code and pair loads (512-byte contiguous warp loads)
-// before the first MMA. The warps' partial sums meet in shared memory.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k32, u8 codes x s8 activations, s32
+// accumulate) over the tiled layout, for 1-8 tokens per pass and up to kQMultiMax matrices sharing x.
+// x is first turned into integers (q4_quantize_x_kernel): per (token, group of the weights' group
+// size), v = rint(x / d) with d = max|x| / (127 * 254) (15 bits of the group's range; the error is at
+// most d / 2), split exactly as v = 254 hi + lo with hi, lo in [-127, 127]. Two MMAs per unit (A = the
+// raw codes, B = hi, then lo) give exact integer sums, and per (row, group, token) in f32:
+//   y += scale · d · (254 C_hi + C_lo) + bias · S        (C = Σ q · hi|lo over the group, S = Σ x).
+// Per 8 codes a lane unpacks its two A registers with 3 instructions (the tiled nibble order), and an
+// MMA covers 32 codes of 16 rows.
+//
+// The quantized activations ("qx", q4_qx_bytes per call): per pass of 8 tokens (tokens past n are
+// zeros), codes [8][4Q units][16 words] then meta [G][8 tokens] (d, S) as float2, G = 128 Q / group
+// size. Unit u of a token holds for lane t words 4t..4t+3 = (hi of columns 4t..4t+3, hi of 16+4t..,
+// lo of 4t.., lo of 16+4t..): the lane's two B fragments of both MMAs, one 16-byte load.
+struct QxLayout {
+  int64_t n_pad, units, groups, code_bytes, meta_bytes;
+  QxLayout(int64_t n, int64_t in, int group_size) {
+    n_pad = (n + 7) / 8 * 8;
+    units = (in + 127) / 128 * 4;
+    groups = units * 32 / group_size;
+    code_bytes = n_pad * units * 64;
+    meta_bytes = n_pad * groups * 8;
+  }
+};
+
+// One thread per 4 consecutive values of a token's padded row: threads (token, unit, j), the GS / 4
+// threads of a group adjacent in a warp (their max and sum by shuffles).
+template <int GS>
+__global__ void q4_quantize_x_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, int64_t in, QxLayout L,
+                                     uint32_t* __restrict__ codes, float2* __restrict__ meta) {
+  pdl_trigger();
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= L.n_pad * L.units * 8) return;  // whole warps (units * 8 is a multiple of 32)
+  const int j = static_cast<int>(i & 7);
+  const int64_t u = (i >> 3) % L.units, tok = (i >> 3) / L.units, col = u * 32 + 4 * j;
+  pdl_wait();
+  float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (tok < n && col < in) {
+    const uint2 p = __ldg(reinterpret_cast<const uint2*>(x + tok * in + col));
+    f[0] = __uint_as_float(p.x << 16), f[1] = __uint_as_float(p.x & 0xffff0000u);
+    f[2] = __uint_as_float(p.y << 16), f[3] = __uint_as_float(p.y & 0xffff0000u);
+  }
+  float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+  float sum = (f[0] + f[1]) + (f[2] + f[3]);
+#pragma unroll
+  for (int o = 1; o < GS / 4; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  constexpr float kRange = 127.0f * 254.0f;
+  const float inv = amax > 0.0f ? kRange / amax : 0.0f;
+  uint32_t hi = 0u, lo = 0u;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int v = max(-32258, min(32258, __float2int_rn(f[e] * inv)));
+    const int h = __float2int_rn(static_cast<float>(v) * (1.0f / 254.0f));  // |v - 254 h| <= 127 + rounding
+    const int l = max(-127, min(127, v - 254 * h));
+    hi |= (static_cast<uint32_t>(h) & 0xffu) << (8 * e);
+    lo |= (static_cast<uint32_t>(l) & 0xffu) << (8 * e);
+  }
+  uint32_t* unit = codes + (tok * L.units + u) * 16;
+  const int t = j & 3, half = j >> 2;  // columns 4j.. = 16 half + 4t..
+  unit[4 * t + half] = hi;
+  unit[4 * t + 2 + half] = lo;
+  if (col % GS == 0) meta[((tok >> 3) * L.groups + col / GS) * 8 + (tok & 7)] = make_float2(amax / kRange, sum);
 }
 
-// Nibbles i and i + 4 of word w (i in 0..3) as bf16x2 (128 + q, 128 + q'): one shift and one lop3
-// (the compiler splits a plain `& mask | magic` into two).
-__device__ __forceinline__ uint32_t code_pair(uint32_t w, int i) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w >> (4 * i)), "n"(0x000F000F), "n"(0x43004300));
-  return r;
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Warps per block (4, or 8 for matrices of few tiles: the launcher's choice), quads per round and
 // blocks per SM the registers must allow, measured on the H200 (bf16 scales g64, BENCHMARKS.md):
 // 4 quads per round (8 code loads in flight per lane) beat 2 quads with more blocks, and
-// prefetching the next round into registers did not pay. Rounds of two quads where a quad's pair
-// words are many (group 32, f32 scales): no spills.
+// prefetching the next round into registers did not pay (for the integer kernel too: rounds of 2 or
+// 3 quads double-buffered were within the run-to-run spread, 8 warps per SM with 8 quads per round
+// or 4 double-buffered were slower). Rounds of two quads where a quad's pair words are many (group
+// 32, f32 scales): no spills.
 template <typename ST, int GS>
 constexpr int q4_round() {
   return (128 / GS) * (sizeof(ST) == 4 ? 2 : 1) >= 4 ? 2 : 4;
 }
 
-// grid (total tiles of all matrices, ceil(n / 8)); block W * 32.
+// grid (total tiles of all matrices, passes of 8 tokens); block W * 32. A block of W warps owns one
+// tile of one matrix; warp w takes quads [w Q / W, (w + 1) Q / W). Latency: a round of R quads
+// requests all its code and pair loads (512-byte contiguous warp loads) before the first MMA. The
+// warps' partial sums meet in shared memory.
 template <typename ST, int GS, int W>
-__global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const __nv_bfloat16* __restrict__ x, int64_t n,
+__global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* __restrict__ qx,
+                                                                   const float4* __restrict__ meta, int64_t n,
                                                                    QMulti m) {
   constexpr int R = q4_round<ST, GS>();
-  constexpr int GPQ = 128 / GS, UPG = GS / 32;                  // groups per quad, units per group
-  constexpr int PW = GPQ * (sizeof(ST) == 4 ? 2 : 1);           // pair words per row and quad
-  constexpr uint32_t kOnes = 0x3F803F80u;                       // bf16x2 (1, 1)
+  constexpr int GPQ = 128 / GS, UPG = GS / 32;         // groups per quad, units per group
+  constexpr int PW = GPQ * (sizeof(ST) == 4 ? 2 : 1);  // pair words per row and quad
+  constexpr uint32_t kLow = 0x0F0F0F0Fu;
   __shared__ float red[W][16][8];
   pdl_trigger();
   int mi = 0;  // the matrix of this tile
@@ -424,21 +487,12 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const __nv_bf
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t t0 = int64_t{blockIdx.y} * 8;
   const int nt = static_cast<int>(n - t0 < 8 ? n - t0 : 8);
-  const int64_t Q = (q.in + 127) / 128;
+  const int64_t Q = (q.in + 127) / 128, G = 4 * Q * 32 / GS;
   const uint4* codes = reinterpret_cast<const uint4*>(q.w) + tile * Q * 64 + lane;
   const uint32_t* pairs = static_cast<const uint32_t*>(q.pairs) + (tile * Q * 16 + g) * PW;
   const int64_t q_begin = warp * Q / W, q_end = (warp + 1) * Q / W;
-  const int tg = g < nt ? g : nt - 1;  // B column g: token g (columns past nt are computed, never stored)
-  const int xv_n = static_cast<int>(q.in / 8);  // 16-byte vectors of x per token
-  const uint4* xrow = reinterpret_cast<const uint4*>(x + (t0 + tg) * q.in) + t;
-  // Quad qd's x for this lane: units 0..3, 8 values each (zeros past `in`).
-  auto load_xq = [&](int64_t qd, uint4 (&xv)[4]) {
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t v = qd * 16 + u * 4;  // + t: this lane's vector
-      xv[u] = v + t < xv_n ? __ldg(xrow + v) : make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
+  const uint4* xq = qx + (t0 + g) * Q * 16 + t;           // B column g: token g (padded tokens are zeros)
+  const float4* mt = meta + blockIdx.y * G * 4 + t;       // (d, S) of tokens 2t, 2t + 1 per group
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // C layout: rows g, g + 8 x tokens 2t, 2t + 1
   for (int64_t q0 = q_begin; q0 < q_end; q0 += R) {
@@ -452,32 +506,32 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const __nv_bf
       load_words<PW>(pairs + qd * 16 * PW, pl[k]);
       load_words<PW>(pairs + (qd * 16 + 8) * PW, ph[k]);
     }
-    pdl_wait();  // x is the previous kernel's output (the loads above read weights only)
+    pdl_wait();  // qx is the previous kernel's output (the loads above read weights only)
 #pragma unroll
     for (int k = 0; k < R; ++k) {
-      if (q0 + k >= q_end) break;
+      const int64_t qd = q0 + k;
+      if (qd >= q_end) break;
       uint4 xv[4];
-      load_xq(q0 + k, xv);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) xv[u] = __ldg(xq + (4 * qd + u) * 4);
       const uint32_t lo[4] = {wl[k].x, wl[k].y, wl[k].z, wl[k].w}, hi[4] = {wh[k].x, wh[k].y, wh[k].z, wh[k].w};
 #pragma unroll
       for (int gi = 0; gi < GPQ; ++gi) {
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int jj = 0; jj < UPG; ++jj) {
           const int u = gi * UPG + jj;
-          mma_bf16(c, code_pair(lo[u], 0), code_pair(hi[u], 0), code_pair(lo[u], 1), code_pair(hi[u], 1), xv[u].x,
-                   xv[u].y);
-          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, xv[u].x, xv[u].y);
-          mma_bf16(c, code_pair(lo[u], 2), code_pair(hi[u], 2), code_pair(lo[u], 3), code_pair(hi[u], 3), xv[u].z,
-                   xv[u].w);
-          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, xv[u].z, xv[u].w);
+          const uint32_t a0 = lo[u] & kLow, a1 = hi[u] & kLow, a2 = (lo[u] >> 4) & kLow, a3 = (hi[u] >> 4) & kLow;
+          mma_u8s8(ch, a0, a1, a2, a3, xv[u].x, xv[u].y);
+          mma_u8s8(cl, a0, a1, a2, a3, xv[u].z, xv[u].w);
         }
+        const float4 dm = __ldg(mt + (qd * GPQ + gi) * 4);  // (d, S) token 2t, (d, S) token 2t + 1
         const float2 sl = pair_at<ST>(pl[k], gi), sh = pair_at<ST>(ph[k], gi);
-        acc[0] = fmaf(sl.x, fmaf(-128.0f, sx[0], c[0]), fmaf(sl.y, sx[0], acc[0]));
-        acc[2] = fmaf(sh.x, fmaf(-128.0f, sx[2], c[2]), fmaf(sh.y, sx[2], acc[2]));
+        acc[0] = fmaf(sl.x * dm.x, static_cast<float>(254 * ch[0] + cl[0]), fmaf(sl.y, dm.y, acc[0]));
+        acc[2] = fmaf(sh.x * dm.x, static_cast<float>(254 * ch[2] + cl[2]), fmaf(sh.y, dm.y, acc[2]));
         if (nt > 1) {  // token 2t + 1 (column 1 of lane t = 0 is past the only token otherwise)
-          acc[1] = fmaf(sl.x, fmaf(-128.0f, sx[1], c[1]), fmaf(sl.y, sx[1], acc[1]));
-          acc[3] = fmaf(sh.x, fmaf(-128.0f, sx[3], c[3]), fmaf(sh.y, sx[3], acc[3]));
+          acc[1] = fmaf(sl.x * dm.z, static_cast<float>(254 * ch[1] + cl[1]), fmaf(sl.y, dm.w, acc[1]));
+          acc[3] = fmaf(sh.x * dm.z, static_cast<float>(254 * ch[3] + cl[3]), fmaf(sh.y, dm.w, acc[3]));
         }
       }
     }
@@ -552,34 +606,47 @@ void launch_q4_tile(const QWeightArgs& w, void* codes, void* pairs, cudaStream_t
   KILN_CUDA_LAUNCH_CHECK("q4_tile");
 }
 
-void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, cudaStream_t s) {
+int64_t q4_qx_bytes(int64_t n, int64_t in, int group_size) {
+  const QxLayout L(n, in, group_size);
+  return L.code_bytes + L.meta_bytes;
+}
+
+void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, void* qx, cudaStream_t s) {
   if (n == 0 || m.count == 0 || m.tiles[m.count] == 0) return;
-  // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (q/k/v, o, down of an
-  // 8B model; measured on the H200: llama-3-8b 4-bit batch 1 decode 370.6 tok/s against 333.5 with
-  // 4 warps everywhere and 339.1 with 8 everywhere).
-  const bool wide = m.tiles[m.count] * 4 < int64_t{n_sms} * 16;
-  for (int64_t t0 = 0; t0 < n; t0 += 8 * 65535) {  // grid.y limit (never reached by the caller's batches)
-    const int64_t nn = n - t0 < 8 * 65535 ? n - t0 : 8 * 65535;
-    QMulti mm = m;
-    for (int i = 0; i < m.count; ++i)
-      mm.y[i] = static_cast<char*>(m.y[i]) + t0 * m.w[i].out * (m.yt[i] == Dt::f32 ? 4 : 2);
-    dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>((nn + 7) / 8));
-    const auto* xp = static_cast<const __nv_bfloat16*>(x) + t0 * m.w[0].in;
-    dispatch_q4(m.w[0].sdt, m.w[0].group_size, [&]<typename ST, int GS>() {
-      if (wide) launch_pdl(qgemv4_tc_kernel<ST, GS, 8>, grid, 8 * 32, 0, s, xp, nn, mm);
-      else launch_pdl(qgemv4_tc_kernel<ST, GS, 4>, grid, 4 * 32, 0, s, xp, nn, mm);
-    });
+  const int64_t in = m.w[0].in;
+  const int gs = m.w[0].group_size;
+  const QxLayout L(n, in, gs);
+  if (L.n_pad / 8 > 65535) std::abort();  // grid.y; the caller sends at most qgemv_max_tokens(4)
+  auto* codes = static_cast<uint32_t*>(qx);
+  auto* meta = reinterpret_cast<float2*>(static_cast<char*>(qx) + L.code_bytes);
+  const auto* xp = static_cast<const __nv_bfloat16*>(x);
+  const unsigned qgrid = grid_for(L.n_pad * L.units * 8, 256);
+  switch (gs) {
+    case 32: launch_pdl(q4_quantize_x_kernel<32>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
+    case 64: launch_pdl(q4_quantize_x_kernel<64>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
+    default: launch_pdl(q4_quantize_x_kernel<128>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
   }
+  // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (q/k/v, o, down of an
+  // 8B model; measured on the H200 with the bf16-MMA kernel before this one: llama-3-8b 4-bit batch 1
+  // decode 370.6 tok/s against 333.5 with 4 warps everywhere and 339.1 with 8 everywhere).
+  const bool wide = m.tiles[m.count] * 4 < int64_t{n_sms} * 16;
+  const dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>(L.n_pad / 8));
+  const auto* qc = static_cast<const uint4*>(qx);
+  const auto* qm = reinterpret_cast<const float4*>(meta);
+  dispatch_q4(m.w[0].sdt, gs, [&]<typename ST, int GS>() {
+    if (wide) launch_pdl(qgemv4_tc_kernel<ST, GS, 8>, grid, 8 * 32, 0, s, qc, qm, n, m);
+    else launch_pdl(qgemv4_tc_kernel<ST, GS, 4>, grid, 4 * 32, 0, s, qc, qm, n, m);
+  });
   KILN_CUDA_LAUNCH_CHECK("qgemv4_tc");
 }
 
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
-                  int n_sms, cudaStream_t s) {
+                  int n_sms, void* qx, cudaStream_t s) {
   if (n == 0 || w.out == 0) return;
   if (w.pairs) {
     QMulti m{};
     m.add(w, bias, bt, y, yt);
-    return launch_qgemv_multi(x, n, m, n_sms, s);
+    return launch_qgemv_multi(x, n, m, n_sms, qx, s);
   }
   for (int64_t t0 = 0; t0 < n; t0 += 65535) {  // grid.y limit (never reached by the caller's batches)
     const int64_t nn = n - t0 < 65535 ? n - t0 : 65535;
