@@ -389,17 +389,19 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 // Per 8 codes a lane unpacks its two A registers with 3 instructions (the tiled nibble order), and an
 // MMA covers 32 codes of 16 rows.
 //
-// The quantized activations ("qx", q4_qx_bytes per call): per pass of 8 tokens (tokens past n are
-// zeros), codes [8][4Q units][16 words] then meta [G][8 tokens] (d, S) as float2, G = 128 Q / group
-// size. Unit u of a token holds for lane t words 4t..4t+3 = (hi of columns 4t..4t+3, hi of 16+4t..,
-// lo of 4t.., lo of 16+4t..): the lane's two B fragments of both MMAs, one 16-byte load.
+// The quantized activations ("qx", q4_qx_bytes per call): codes [n][4Q units][16 words], then per
+// pass of 8 tokens meta [G][8 tokens] (d, S) as float2, G = 128 Q / group size (units and groups
+// past `in` are zeros; the slots of tokens past n in the last pass are never written: the GEMV
+// gives their B columns zeros and never stores their results). Unit u of a token holds for lane t
+// words 4t..4t+3 = (hi of columns 4t..4t+3, hi of 16+4t.., lo of 4t.., lo of 16+4t..): the lane's
+// two B fragments of both MMAs, one 16-byte load.
 struct QxLayout {
   int64_t n_pad, units, groups, code_bytes, meta_bytes;
   QxLayout(int64_t n, int64_t in, int group_size) {
     n_pad = (n + 7) / 8 * 8;
     units = (in + 127) / 128 * 4;
     groups = units * 32 / group_size;
-    code_bytes = n_pad * units * 64;
+    code_bytes = n * units * 64;
     meta_bytes = n_pad * groups * 8;
   }
 };
@@ -411,12 +413,12 @@ __global__ void q4_quantize_x_kernel(const __nv_bfloat16* __restrict__ x, int64_
                                      uint32_t* __restrict__ codes, float2* __restrict__ meta) {
   pdl_trigger();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= L.n_pad * L.units * 8) return;  // whole warps (units * 8 is a multiple of 32)
+  if (i >= n * L.units * 8) return;  // whole warps (units * 8 is a multiple of 32)
   const int j = static_cast<int>(i & 7);
   const int64_t u = (i >> 3) % L.units, tok = (i >> 3) / L.units, col = u * 32 + 4 * j;
   pdl_wait();
   float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (tok < n && col < in) {
+  if (col < in) {
     const uint2 p = __ldg(reinterpret_cast<const uint2*>(x + tok * in + col));
     f[0] = __uint_as_float(p.x << 16), f[1] = __uint_as_float(p.x & 0xffff0000u);
     f[2] = __uint_as_float(p.y << 16), f[3] = __uint_as_float(p.y & 0xffff0000u);
@@ -491,7 +493,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* 
   const uint4* codes = reinterpret_cast<const uint4*>(q.w) + tile * Q * 64 + lane;
   const uint32_t* pairs = static_cast<const uint32_t*>(q.pairs) + (tile * Q * 16 + g) * PW;
   const int64_t q_begin = warp * Q / W, q_end = (warp + 1) * Q / W;
-  const uint4* xq = qx + (t0 + g) * Q * 16 + t;           // B column g: token g (padded tokens are zeros)
+  const uint4* xq = qx + (t0 + g) * Q * 16 + t;           // B column g: token g (zeros past nt)
   const float4* mt = meta + blockIdx.y * G * 4 + t;       // (d, S) of tokens 2t, 2t + 1 per group
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // C layout: rows g, g + 8 x tokens 2t, 2t + 1
@@ -513,7 +515,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* 
       if (qd >= q_end) break;
       uint4 xv[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) xv[u] = __ldg(xq + (4 * qd + u) * 4);
+      for (int u = 0; u < 4; ++u) xv[u] = g < nt ? __ldg(xq + (4 * qd + u) * 4) : make_uint4(0u, 0u, 0u, 0u);
       const uint32_t lo[4] = {wl[k].x, wl[k].y, wl[k].z, wl[k].w}, hi[4] = {wh[k].x, wh[k].y, wh[k].z, wh[k].w};
 #pragma unroll
       for (int gi = 0; gi < GPQ; ++gi) {
@@ -620,15 +622,16 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, vo
   auto* codes = static_cast<uint32_t*>(qx);
   auto* meta = reinterpret_cast<float2*>(static_cast<char*>(qx) + L.code_bytes);
   const auto* xp = static_cast<const __nv_bfloat16*>(x);
-  const unsigned qgrid = grid_for(L.n_pad * L.units * 8, 256);
+  const unsigned qgrid = grid_for(n * L.units * 8, 256);
   switch (gs) {
     case 32: launch_pdl(q4_quantize_x_kernel<32>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
     case 64: launch_pdl(q4_quantize_x_kernel<64>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
     default: launch_pdl(q4_quantize_x_kernel<128>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
   }
   // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (q/k/v, o, down of an
-  // 8B model; measured on the H200 with the bf16-MMA kernel before this one: llama-3-8b 4-bit batch 1
-  // decode 370.6 tok/s against 333.5 with 4 warps everywhere and 339.1 with 8 everywhere).
+  // 8B model; measured on the H200, llama-3-8b 4-bit batch 1 decode: 364.8 / 366.8 tok/s against
+  // 343.5 with 4 warps everywhere and 361.6 with 8 everywhere; the bf16-MMA kernel before this one
+  // showed the same order).
   const bool wide = m.tiles[m.count] * 4 < int64_t{n_sms} * 16;
   const dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>(L.n_pad / 8));
   const auto* qc = static_cast<const uint4*>(qx);
