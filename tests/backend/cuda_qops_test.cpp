@@ -222,6 +222,57 @@ TEST_F(CudaQOps, FourBitGemvActivationRanges) {
     }
 }
 
+// Inside a step, the producer ops (rms_norm, add_rms_norm, gated_act) also write the 4-bit GEMV's
+// quantized activations beside their bf16 output (the output's sidecar), and the GEMV then skips its
+// own quantize kernel: the same bits as from a plain copy of the output (no sidecar). An op that
+// writes the output again clears its sidecar; outside a step there is none. Rows of 4.5 and 3.5
+// quads (partial last quads), 1 and 3 tokens.
+TEST_F(CudaQOps, ProducedActivationsFeedTheFourBitGemv) {
+  Rng rng("CudaQOps.Produced");
+  const int64_t dim = 576, ffn = 448, out = 200;
+  const Tensor nw = rng.tensor(DType::bf16, {dim}, 1.0f);
+  auto dev = [&](Shape s) { return gpu_->upload(convert(act(rng, std::move(s)), DType::bf16)); };
+  for (int64_t n : {1, 3}) {
+    SCOPED_TRACE(fmt::format("n={}", n));
+    const Weight wq = random_qweight(rng, out, dim, 4, 64, DType::bf16);
+    const Weight wd = random_qweight(rng, out, ffn, 4, 64, DType::bf16);
+    gpu_->begin_step();
+    {
+      Tensor x = dev({n, dim}), d = dev({n, dim}), g = dev({n, ffn}), u = dev({n, ffn});
+      Tensor first = gpu_->alloc(DType::f32, {n, out});
+      gpu_->matmul(x, wq, first);  // first uses tile the weights (and name the group size to quantize for)
+      gpu_->matmul(g, wd, first);
+      auto same_as_plain = [&](const Tensor& produced, const Weight& w, const char* what) {
+        Tensor plain = gpu_->alloc(DType::bf16, produced.shape);
+        gpu_->copy(produced, plain);
+        Tensor y1 = gpu_->alloc(DType::f32, {n, out}), y2 = gpu_->alloc(DType::f32, {n, out});
+        gpu_->matmul(produced, w, y1);
+        gpu_->matmul(plain, w, y2);
+        EXPECT_EQ(plain.sidecar, nullptr) << what;
+        EXPECT_EQ(to_floats(gpu_->to_host(y1)), to_floats(gpu_->to_host(y2))) << what;
+      };
+      Tensor h = gpu_->alloc(DType::bf16, {n, dim});
+      gpu_->rms_norm(x, nw, 1e-5f, false, h);
+      EXPECT_NE(h.sidecar, nullptr) << "rms_norm";
+      same_as_plain(h, wq, "rms_norm");
+      gpu_->add_rms_norm(x, d, nw, 1e-5f, false, h);
+      EXPECT_NE(h.sidecar, nullptr) << "add_rms_norm";
+      EXPECT_EQ(x.sidecar, nullptr) << "add_rms_norm's residual";
+      same_as_plain(h, wq, "add_rms_norm");
+      gpu_->gated_act(g, u, Activation::silu, g);
+      EXPECT_NE(g.sidecar, nullptr) << "gated_act";
+      same_as_plain(g, wd, "gated_act");
+      gpu_->scale(h, 2.0f);
+      EXPECT_EQ(h.sidecar, nullptr) << "scale wrote h";
+      same_as_plain(h, wq, "h after scale");
+    }
+    gpu_->end_step();
+  }
+  Tensor x = dev({1, dim}), h = gpu_->alloc(DType::bf16, {1, dim});
+  gpu_->rms_norm(x, nw, 1e-5f, false, h);
+  EXPECT_EQ(h.sidecar, nullptr) << "outside a step";
+}
+
 // 4-bit experts stacked in one tensor each for codes, scales and biases (mlx-lm's switch_mlp
 // [E, out, in]) and used through per-expert row views, as the MoE models do: every view is tiled at
 // its first use, and the stacked MLX copies leave the device once all experts are tiled, not before

@@ -220,6 +220,7 @@ Tensor CudaBackend::to_host(const Tensor& t) {
 }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  dst.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   if (src.dtype != dst.dtype || src.numel() != dst.numel())
     fail("cuda", "copy: {} {} into {} {}", dtype_name(src.dtype), shape_str(src.shape), dtype_name(dst.dtype),
@@ -233,6 +234,7 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
 }
 
 void CudaBackend::fill_zero(Tensor& t) {
+  t.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   if (im.skip() || t.nbytes() == 0) return;
   if (t.device != Device::cuda) fail("cuda", "fill_zero: tensor is not on the device");

@@ -42,6 +42,7 @@ void require_dev_i32(const Tensor& t, const char* op, const char* arg) {
 
 void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, bool one_plus_w,
                                Tensor& y) {
+  x.sidecar.reset();  // written here (TensorSidecar)
   if (!fused_enabled()) return Backend::add_rms_norm(x, delta, w, eps, one_plus_w, y);
   Impl& im = *impl_;
   require_dev_act(x, "add_rms_norm", "x");
@@ -54,14 +55,16 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, 
   if (w.numel() != dim) fail("cuda", "add_rms_norm: weight {} for rows of {}", shape_str(w.shape), dim);
   const Dt wt = dt_of(w, "add_rms_norm", "w");
   Tensor W = im.resident_of(w, "add_rms_norm");
+  const QxOut qx = im.qx_output(y);  // y's quantized form for a 4-bit GEMV, written by the same kernel
   if (im.skip()) return;
   ProfScope ps(im, "add_rms_norm");
   launch_add_rms_norm(x.data, delta.data, dt_of(x, "add_rms_norm", "x"), W.data, wt, eps, one_plus_w, rows, dim,
-                      y.data, im.stream);
+                      y.data, im.stream, qx);
 }
 
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
                                 float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  q.sidecar.reset(), k.sidecar.reset();  // written here (TensorSidecar)
   if (!fused_enabled()) return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, k_cache, v_cache);
   Impl& im = *impl_;
   const char* op = "rope_kv_write";
@@ -99,6 +102,7 @@ void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Ten
 
 void CudaBackend::matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y) {
   Impl& im = *impl_;
+  for (Tensor* yi : y) yi->sidecar.reset();  // written here (TensorSidecar)
   if (w.size() != y.size() || w.size() > kMaxMultiMatmul)
     fail("cuda", "matmul_multi: {} weights for {} outputs (at most {} pairs)", w.size(), y.size(), kMaxMultiMatmul);
   bool quantized = false;

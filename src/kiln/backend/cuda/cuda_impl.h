@@ -118,6 +118,9 @@ struct CudaBackend::Impl {
     std::shared_ptr<void> source;
   };
   std::map<uintptr_t, Q4Tiled> q4_tiled;
+  // The group size of the tiled 4-bit weights (0: none yet, -1: several): the one producer kernels
+  // write qx for (QxSidecar).
+  int q4_group = 0;
 
   std::map<GemmKey, GemmPlan> gemm_plans;
 
@@ -138,9 +141,23 @@ struct CudaBackend::Impl {
   // needed; ops outside steps run in stream order, so one buffer serves them all).
   Tensor scratch(int64_t bytes);
   Tensor loose_scratch;
+  // A producer op's output `out` (bf16, decode-sized, inside a step, 4-bit weights loaded): the qx
+  // its kernel is to write beside it, recorded as out's sidecar; else clears out's sidecar and
+  // returns an empty QxOut. Called before the op's skip() check (replays allocate alike).
+  QxOut qx_output(Tensor& out);
   Tensor resident_of(const Tensor& t, const char* op);  // device view of a weight
   void flush_profile();
 };
+
+// The 4-bit GEMV's quantized activations of a tensor, written by the op that produced it (qx_output).
+struct QxSidecar : TensorSidecar {
+  Tensor qx;  // arena bytes: q4_qx_bytes(n, in, group_size)
+  const void* data;
+  int64_t n, in;
+  int group_size;
+};
+// x's sidecar when it holds x's qx for these sizes, else null.
+const QxSidecar* qx_sidecar(const Tensor& x, int64_t n, int64_t in, int group_size);
 
 // Times one op with events when profiling (graphs are off then).
 class ProfScope {

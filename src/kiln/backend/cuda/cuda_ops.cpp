@@ -45,6 +45,7 @@ int alignment(const void* p) {
 }  // namespace
 
 void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
+  out.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   if (table.quantized()) return quantized_embedding(*this, im, table, ids, out);  // cuda_qops.cpp
   require_i32(ids, "embedding", "ids");
@@ -62,6 +63,7 @@ void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out)
 
 void CudaBackend::matmul(const Tensor& x, const Weight& w, Tensor& y) {
   Impl& im = *impl_;
+  y.sidecar.reset();  // written here (TensorSidecar)
   if (w.quantized()) return quantized_matmul(*this, im, x, w, y);  // cuda_qops.cpp
   require_act(x, "matmul", "x");
   require_act(y, "matmul", "y");
@@ -150,13 +152,15 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, bool one
     fail("cuda", "rms_norm: y {} {} for x {} {}", dtype_name(y.dtype), shape_str(y.shape), dtype_name(x.dtype),
          shape_str(x.shape));
   Tensor W = im.resident_of(w, "rms_norm");
+  const QxOut qx = im.qx_output(y);  // y's quantized form for a 4-bit GEMV, written by the same kernel
   if (im.skip()) return;
   ProfScope ps(im, "rms_norm");
   launch_rms_norm(x.data, dt_of(x, "rms_norm", "x"), W.data, wt, eps, one_plus_w, rows, dim, y.data,
-                  dt_of(y, "rms_norm", "y"), im.stream);
+                  dt_of(y, "rms_norm", "y"), im.stream, qx);
 }
 
 void CudaBackend::rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) {
+  x.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(x, "rope", "x");
   require_i32(pos, "rope", "pos");
@@ -193,6 +197,7 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots
 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
                             const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) {
+  out.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   for (const Tensor* t : {&q, &k_cache, &v_cache, static_cast<const Tensor*>(&out)}) {
     require_device(*t, "attention", "q/caches/out");
@@ -267,12 +272,15 @@ void CudaBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act
   const int64_t n = gate.numel();
   if (up.numel() != n || out.numel() != n || up.dtype != gate.dtype || out.dtype != gate.dtype)
     fail("cuda", "gated_act: gate {} up {} out {}", shape_str(gate.shape), shape_str(up.shape), shape_str(out.shape));
+  const QxOut qx = im.qx_output(out);  // out's quantized form for a 4-bit GEMV, written by the same kernel
   if (im.skip()) return;
   ProfScope ps(im, "gated_act");
-  launch_gated_act(gate.data, up.data, static_cast<int>(act), n, out.data, dt_of(gate, "gated_act", "gate"), im.stream);
+  launch_gated_act(gate.data, up.data, static_cast<int>(act), n, out.data, dt_of(gate, "gated_act", "gate"), im.stream,
+                   out.cols(), qx);
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
+  y.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(a, "add", "a");
   require_act(b, "add", "b");
@@ -286,6 +294,7 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
 }
 
 void CudaBackend::scale(Tensor& x, float s) {
+  x.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(x, "scale", "x");
   if (im.skip()) return;
@@ -294,6 +303,7 @@ void CudaBackend::scale(Tensor& x, float s) {
 }
 
 void CudaBackend::softcap(Tensor& x, float cap) {
+  x.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(x, "softcap", "x");
   if (!(cap > 0)) fail("cuda", "softcap: cap must be > 0, got {}", cap);
@@ -303,6 +313,7 @@ void CudaBackend::softcap(Tensor& x, float cap) {
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  out.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_device(x, "gather_rows", "x");
   require_device(out, "gather_rows", "out");
@@ -318,6 +329,7 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) 
 }
 
 void CudaBackend::scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) {
+  dst.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(src, "scatter_add_rows", "src");
   require_act(dst, "scatter_add_rows", "dst");
@@ -335,6 +347,7 @@ void CudaBackend::scatter_add_rows(const Tensor& src, const Tensor& rows, const 
 }
 
 void CudaBackend::argmax_rows(const Tensor& x, Tensor& ids) {
+  ids.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_device(x, "argmax_rows", "x");
   require_i32(ids, "argmax_rows", "ids");

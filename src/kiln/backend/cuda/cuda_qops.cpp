@@ -65,6 +65,7 @@ QResident tiled_q4(CudaBackend::Impl& im, const Weight& w, const char* op, int64
     CudaBackend::Impl::Q4Tiled e{out, in, w.group_size, im.dev_alloc(DType::u8, {z.code_bytes}),
                                  im.dev_alloc(DType::u8, {z.pair_bytes}), w.w.holder};
     launch_q4_tile(mlx, e.codes.data, e.pairs.data, im.stream);
+    im.q4_group = im.q4_group == 0 || im.q4_group == w.group_size ? w.group_size : -1;
     CUDA_CHECK(cudaStreamSynchronize(im.stream));
     im.stats.weight_bytes += z.code_bytes + z.pair_bytes;
     drop_resident(im, w.w);
@@ -155,6 +156,27 @@ Tensor bf16_input(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x) {
 
 }  // namespace
 
+const QxSidecar* qx_sidecar(const Tensor& x, int64_t n, int64_t in, int group_size) {
+  const auto* sc = dynamic_cast<const QxSidecar*>(x.sidecar.get());
+  return sc && sc->data == x.data && sc->n == n && sc->in == in && sc->group_size == group_size ? sc : nullptr;
+}
+
+QxOut CudaBackend::Impl::qx_output(Tensor& out) {
+  out.sidecar.reset();
+  if (!in_step || q4_group <= 0 || out.dtype != DType::bf16 || out.empty() || out.rows() > qgemv_max_tokens(4) ||
+      out.cols() % 32 != 0 || reinterpret_cast<uintptr_t>(out.data) % 16 != 0)
+    return {};
+  auto sc = std::make_shared<QxSidecar>();
+  sc->n = out.rows();
+  sc->in = out.cols();
+  sc->group_size = q4_group;
+  sc->data = out.data;
+  sc->qx = arena_alloc(DType::u8, {q4_qx_bytes(sc->n, sc->in, q4_group)});
+  QxOut q{sc->qx.data, qx_layout(sc->n, sc->in, q4_group), q4_group};
+  out.sidecar = std::move(sc);
+  return q;
+}
+
 bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x,
                             std::span<const Weight* const> ws, std::span<Tensor* const> ys) {
   const int64_t n = x.rows();
@@ -169,10 +191,12 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
     m.add(c.q.args, c.bias.empty() ? nullptr : c.bias.data, c.bias_dt, ys[i]->data, dt_of(*ys[i], "matmul", "y"));
   }
   Tensor xb = bf16_input(be, im, x);
-  Tensor qx = im.scratch(q4_qx_bytes(n, m.w[0].in, m.w[0].group_size));
+  const QxSidecar* sc = qx_sidecar(xb, n, m.w[0].in, m.w[0].group_size);
+  Tensor qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, m.w[0].in, m.w[0].group_size));
+  for (Tensor* y : ys) y->sidecar.reset();
   if (im.skip()) return true;
   ProfScope ps(im, "matmul (qgemv)");
-  launch_qgemv_multi(xb.data, n, m, im.n_sms, qx.data, im.stream);
+  launch_qgemv_multi(xb.data, n, m, im.n_sms, qx.data, sc != nullptr, im.stream);
   return true;
 }
 
@@ -184,13 +208,15 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
   if (n == 0) return;
   Tensor xb = bf16_input(be, im, x);
   const Dt ydt = dt_of(y, "matmul", "y");
+  y.sidecar.reset();
   if (n <= qgemv_max_tokens(w.bits)) {
-    Tensor qx;  // the tiled 4-bit kernel's quantized activations
-    if (q.args.pairs) qx = im.scratch(q4_qx_bytes(n, in, w.group_size));
+    Tensor qx;  // the tiled 4-bit kernel's quantized activations: x's own (sidecar) or made here
+    const QxSidecar* sc = q.args.pairs ? qx_sidecar(xb, n, in, w.group_size) : nullptr;
+    if (q.args.pairs) qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, in, w.group_size));
     if (im.skip()) return;
     ProfScope ps(im, "matmul (qgemv)");
     launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, c.bias_dt, y.data, ydt, im.n_sms, qx.data,
-                 im.stream);
+                 sc != nullptr, im.stream);
     return;
   }
   // Prefill / large batches: chunks of whole rows (a multiple of 128) dequantized to bf16, then the

@@ -23,6 +23,7 @@ Tensor upload_records(CudaBackend& be, const std::vector<T>& v) {
 
 void CudaBackend::sample_rows(Tensor& logits, const std::vector<SampleParams>& params,
                               const std::vector<LogitAdjust>& adjust, Tensor& ids) {
+  logits.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   if (logits.device != Device::cuda || logits.dtype != DType::f32 || logits.ndim() != 2)
     fail("cuda", "sample_rows: logits must be float32 [rows, vocab] on the device, got {} {}", dtype_name(logits.dtype),

@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <type_traits>
+
+#include "kiln/backend/cuda/qx.cuh"
 #include "kiln/backend/cuda/row_ops.cuh"
 
 namespace kiln::backend::cuda {
@@ -23,9 +26,10 @@ __global__ void embedding_kernel(const TT* table, int64_t vocab, int64_t dim, co
 }
 
 // One block per row: sum of squares in f32 (block reduction), then the scaled product (row_ops.cuh,
-// shared with fused.cu's add_rms_norm). K > 0: the row in registers (row_regs); 0: loops.
+// shared with fused.cu's add_rms_norm). K > 0: the row in registers (row_regs); 0: loops. qx.base
+// set (bf16): then y's qx (qx.cuh).
 template <typename XT, typename WT, typename YT, int K>
-__global__ void rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_plus, int64_t dim, YT* y) {
+__global__ void rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_plus, int64_t dim, YT* y, QxOut qx) {
   const int64_t r = blockIdx.x;
   const XT* xr = x + r * dim;
   float ss = 0.0f;
@@ -43,6 +47,12 @@ __global__ void rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_pl
       if (threadIdx.x + int64_t{k} * blockDim.x < dim) ss = sq_acc(ss, to_f(v[k]));
     ss = block_sum(ss);
     rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim);
+  }
+  if constexpr (std::is_same_v<YT, __nv_bfloat16>) {
+    if (qx.base) {
+      __syncthreads();  // the row's y, written by every thread of the block
+      qx_store_row_gs(y + r * dim, dim, r, qx);
+    }
   }
 }
 
@@ -86,6 +96,30 @@ __global__ void gated_act_kernel(const T* g, const T* u, int act, int64_t n, T* 
   pdl_wait();  // between two GEMVs launched with launch_pdl
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     o[i] = from_f<T>(act_f(to_f(g[i]), act) * to_f(u[i]));
+}
+
+// gated_act_kernel's values over rows of `cols` (a multiple of 32), with their qx: one thread per
+// 4-value slot of a row's padded length, as qmatmul.cu's quantize kernel. out may alias gate.
+template <int GS>
+__global__ void gated_act_qx_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, int act, int64_t cols, QxOut q,
+                                    __nv_bfloat16* o) {
+  pdl_trigger();
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= q.L.n * q.L.units * 8) return;  // whole warps
+  const int64_t tok = (i >> 3) / q.L.units, col = (i % (q.L.units * 8)) * 4;
+  pdl_wait();
+  float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (col < cols) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t k = tok * cols + col + e;
+      const __nv_bfloat16 v = from_f<__nv_bfloat16>(act_f(to_f(g[k]), act) * to_f(u[k]));
+      o[k] = v;
+      f[e] = to_f(v);
+    }
+  }
+  qx_store4<GS>(f, tok, col, q.L, static_cast<uint32_t*>(q.base),
+                reinterpret_cast<float2*>(static_cast<char*>(q.base) + q.L.code_bytes));
 }
 
 template <typename T>
@@ -228,7 +262,7 @@ void launch_embedding(const void* table, Dt tt, int64_t vocab, int64_t dim, cons
 }
 
 void launch_rms_norm(const void* x, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w, int64_t rows, int64_t dim,
-                     void* y, Dt yt, cudaStream_t s) {
+                     void* y, Dt yt, cudaStream_t s, const QxOut& qx) {
   if (rows == 0) return;
   dispatch(xt, [&]<typename XT>() {
     dispatch(wt, [&]<typename WT>() {
@@ -238,7 +272,7 @@ void launch_rms_norm(const void* x, Dt xt, const void* w, Dt wt, float eps, bool
       }
       dispatch_row_regs(dim, [&]<int K>() {
         rms_norm_kernel<XT, WT, XT, K><<<rows, row_threads(dim), 0, s>>>(
-            static_cast<const XT*>(x), static_cast<const WT*>(w), eps, one_plus_w, dim, static_cast<XT*>(y));
+            static_cast<const XT*>(x), static_cast<const WT*>(w), eps, one_plus_w, dim, static_cast<XT*>(y), qx);
       });
     });
   });
@@ -265,8 +299,22 @@ void launch_kv_write(const void* k, const void* v, Dt kt, int64_t n, int64_t wid
   KILN_CUDA_LAUNCH_CHECK("kv_write");
 }
 
-void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s) {
+void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s,
+                      int64_t cols, const QxOut& qx) {
   if (n == 0) return;
+  if (qx.base) {
+    const auto* g = static_cast<const __nv_bfloat16*>(gate);
+    const auto* u = static_cast<const __nv_bfloat16*>(up);
+    auto* o = static_cast<__nv_bfloat16*>(out);
+    const unsigned grid = grid_for(qx.L.n * qx.L.units * 8, kThreads);
+    switch (qx.group_size) {
+      case 32: launch_pdl(gated_act_qx_kernel<32>, grid, kThreads, 0, s, g, u, act, cols, qx, o); break;
+      case 64: launch_pdl(gated_act_qx_kernel<64>, grid, kThreads, 0, s, g, u, act, cols, qx, o); break;
+      default: launch_pdl(gated_act_qx_kernel<128>, grid, kThreads, 0, s, g, u, act, cols, qx, o); break;
+    }
+    KILN_CUDA_LAUNCH_CHECK("gated_act");
+    return;
+  }
   dispatch(t, [&]<typename T>() {
     launch_pdl(gated_act_kernel<T>, grid_for(n, kThreads), kThreads, 0, s, static_cast<const T*>(gate),
                static_cast<const T*>(up), act, n, static_cast<T*>(out));

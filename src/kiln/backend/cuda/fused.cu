@@ -2,6 +2,9 @@
 // the multi-matrix GEMV is in gemv_fast.cu). Each computes exactly what the separate kernels of
 // elementwise.cu compute, through the same device helpers (row_ops.cuh): the fused forms only skip
 // the launches and the round trips of the intermediate through global memory.
+#include <type_traits>
+
+#include "kiln/backend/cuda/qx.cuh"
 #include "kiln/backend/cuda/row_ops.cuh"
 
 namespace kiln::backend::cuda {
@@ -12,9 +15,10 @@ namespace {
 // its square accumulated from the rounded value (what rms_norm would read back), then the norm.
 // Every element is read and written by one thread only (d = threadIdx.x strided in both passes),
 // so y may alias x or delta. K > 0: the row in registers (row_regs), the weights requested before
-// the previous kernel is waited for; 0: loops.
+// the previous kernel is waited for; 0: loops. qx.base set (bf16): then y's qx (qx.cuh).
 template <typename XT, typename WT, int K>
-__global__ void add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y) {
+__global__ void add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y,
+                                    QxOut qx) {
   pdl_trigger();
   const int64_t r = blockIdx.x;
   XT* xr = x + r * dim;
@@ -46,6 +50,12 @@ __global__ void add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float e
     }
     ss = block_sum(ss);
     rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim);
+  }
+  if constexpr (std::is_same_v<XT, __nv_bfloat16>) {
+    if (qx.base) {
+      __syncthreads();  // the row's y, written by every thread of the block
+      qx_store_row_gs(y + r * dim, dim, r, qx);
+    }
   }
 }
 
@@ -103,14 +113,14 @@ __global__ void rope_kv_write_kernel(RopeKvArgs a) {
 }  // namespace
 
 void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w,
-                         int64_t rows, int64_t dim, void* y, cudaStream_t s) {
+                         int64_t rows, int64_t dim, void* y, cudaStream_t s, const QxOut& qx) {
   if (rows == 0) return;
   dispatch(xt, [&]<typename XT>() {
     dispatch(wt, [&]<typename WT>() {
       dispatch_row_regs(dim, [&]<int K>() {
         launch_pdl(add_rms_norm_kernel<XT, WT, K>, static_cast<unsigned>(rows), row_threads(dim), 0, s,
                    static_cast<XT*>(x), static_cast<const XT*>(delta), static_cast<const WT*>(w), eps, one_plus_w, dim,
-                   static_cast<XT*>(y));
+                   static_cast<XT*>(y), qx);
       });
     });
   });

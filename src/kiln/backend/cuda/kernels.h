@@ -11,20 +11,47 @@ namespace kiln::backend::cuda {
 
 enum class Dt : int { f32 = 0, f16 = 1, bf16 = 2 };
 
+// The 4-bit GEMV's quantized activations ("qx", qmatmul.cu): for x [n, in] and the weights' group
+// size, codes [n][units][64 bytes] then meta [n_pad / 8][groups][8 tokens] of float2 (units =
+// 4 ceil(in / 128), groups = 32 units / group_size).
+struct QxLayout {
+  int64_t n, n_pad, units, groups, code_bytes, meta_bytes;
+};
+inline QxLayout qx_layout(int64_t n, int64_t in, int group_size) {
+  QxLayout L;
+  L.n = n;
+  L.n_pad = (n + 7) / 8 * 8;
+  L.units = (in + 127) / 128 * 4;
+  L.groups = L.units * 32 / group_size;
+  L.code_bytes = n * L.units * 64;
+  L.meta_bytes = L.n_pad * L.groups * 8;
+  return L;
+}
+// Where a producer kernel (rms_norm, add_rms_norm, gated_act) also writes the qx of its bf16 output
+// (base null: it does not): code_bytes + meta_bytes at a 16-byte aligned base.
+struct QxOut {
+  void* base = nullptr;
+  QxLayout L{};
+  int group_size = 0;
+};
+
 // out[t, :] = table[ids[t], :] (ids outside [0, vocab) give a zero row); table [vocab, dim].
 void launch_embedding(const void* table, Dt tt, int64_t vocab, int64_t dim, const int32_t* ids, int64_t n, void* out,
                       Dt ot, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w or 1 + w), f32 math, one rounding; y may be x.
+// With qx.base set (y bf16), y's qx too.
 void launch_rms_norm(const void* x, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w, int64_t rows, int64_t dim,
-                     void* y, Dt yt, cudaStream_t s);
+                     void* y, Dt yt, cudaStream_t s, const QxOut& qx = {});
 // In-place rotate_half RoPE of x [n, heads, head_dim] over the first 2*half dims.
 void launch_rope(void* x, Dt xt, int64_t n, int64_t heads, int64_t head_dim, const int32_t* pos, const float* inv_freq,
                  int64_t half, float attn_factor, cudaStream_t s);
 // caches[slots[t], :] = k[t, :] / v[t, :] for slots[t] in [0, n_slots) (negative: skipped).
 void launch_kv_write(const void* k, const void* v, Dt kt, int64_t n, int64_t width, const int32_t* slots,
                      int64_t n_slots, void* k_cache, void* v_cache, Dt ct, cudaStream_t s);
-// out = act(gate) * up elementwise (act: 0 silu, 1 gelu_tanh, 2 gelu erf).
-void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s);
+// out = act(gate) * up elementwise (act: 0 silu, 1 gelu_tanh, 2 gelu erf) over n values; with
+// qx.base set (bf16, n = qx.L.n rows of cols), out's qx too.
+void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s,
+                      int64_t cols = 0, const QxOut& qx = {});
 void launch_add(const void* a, const void* b, void* y, int64_t n, Dt t, cudaStream_t s);
 void launch_scale(void* x, int64_t n, float s, Dt t, cudaStream_t st);
 void launch_softcap(void* x, int64_t n, float cap, Dt t, cudaStream_t st);
@@ -97,9 +124,10 @@ void launch_attention_prefill(const AttnArgs& a, cudaStream_t s);
 namespace kiln::backend::cuda {
 
 // x[r] = x[r] + delta[r] (rounded to xt), then y[r] = rms_norm(x[r]) as launch_rms_norm computes
-// it from the stored x; x, delta, y [rows, dim] of dtype xt (y may alias x or delta).
+// it from the stored x; x, delta, y [rows, dim] of dtype xt (y may alias x or delta). With qx.base
+// set (bf16), y's qx too.
 void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w,
-                         int64_t rows, int64_t dim, void* y, cudaStream_t s);
+                         int64_t rows, int64_t dim, void* y, cudaStream_t s, const QxOut& qx = {});
 
 // launch_rope on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] (in place), then
 // launch_kv_write of the rotated k and v [n, n_kv_heads * head_dim] into the caches

@@ -60,13 +60,15 @@ struct QMulti {
 // unused). n_sms: the device's multiprocessors (the tensor-core kernel's block shape depends on how
 // full they are).
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
-                  int n_sms, void* qx, cudaStream_t s);
+                  int n_sms, void* qx, bool qx_ready, cudaStream_t s);
 // The 4-bit tensor-core GEMV over every matrix of m (all 4-bit tiled, same in, scale dtype and group
 // size) in one launch, 8 tokens per pass over the packed weights: x is first quantized per (token,
 // group) to 15-bit integers (error at most 2^-16 of the group's max |x|) into qx (16-byte aligned
-// device scratch of q4_qx_bytes), then integer MMAs of the raw codes, each group's scale and bias
-// applied to the exact sums in f32 (qmatmul.cu). n <= qgemv_max_tokens(4).
-void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, void* qx, cudaStream_t s);
+// device scratch of q4_qx_bytes; qx_ready: a producer kernel already wrote x's qx there, QxOut),
+// then integer MMAs of the raw codes, each group's scale and bias applied to the exact sums in f32
+// (qmatmul.cu). n <= qgemv_max_tokens(4).
+void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, void* qx, bool qx_ready,
+                        cudaStream_t s);
 int64_t q4_qx_bytes(int64_t n, int64_t in, int group_size);
 // dst [n_rows, in] (dtype dt: bf16 or f32) = dequantized rows of w (scale * q + bias in f32, one
 // rounding): row i is w's row rows[i], or r0 + i when rows is null; rows outside [0, out) give zeros.

@@ -11,6 +11,7 @@
 
 #include "kiln/backend/cuda/common.cuh"
 #include "kiln/backend/cuda/qkernels.h"
+#include "kiln/backend/cuda/qx.cuh"
 
 namespace kiln::backend::cuda {
 
@@ -395,57 +396,19 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 // gives their B columns zeros and never stores their results). Unit u of a token holds for lane t
 // words 4t..4t+3 = (hi of columns 4t..4t+3, hi of 16+4t.., lo of 4t.., lo of 16+4t..): the lane's
 // two B fragments of both MMAs, one 16-byte load.
-struct QxLayout {
-  int64_t n_pad, units, groups, code_bytes, meta_bytes;
-  QxLayout(int64_t n, int64_t in, int group_size) {
-    n_pad = (n + 7) / 8 * 8;
-    units = (in + 127) / 128 * 4;
-    groups = units * 32 / group_size;
-    code_bytes = n * units * 64;
-    meta_bytes = n_pad * groups * 8;
-  }
-};
-
 // One thread per 4 consecutive values of a token's padded row: threads (token, unit, j), the GS / 4
-// threads of a group adjacent in a warp (their max and sum by shuffles).
+// threads of a group adjacent in a warp.
 template <int GS>
-__global__ void q4_quantize_x_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, int64_t in, QxLayout L,
+__global__ void q4_quantize_x_kernel(const __nv_bfloat16* __restrict__ x, int64_t in, QxLayout L,
                                      uint32_t* __restrict__ codes, float2* __restrict__ meta) {
   pdl_trigger();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n * L.units * 8) return;  // whole warps (units * 8 is a multiple of 32)
-  const int j = static_cast<int>(i & 7);
-  const int64_t u = (i >> 3) % L.units, tok = (i >> 3) / L.units, col = u * 32 + 4 * j;
+  if (i >= L.n * L.units * 8) return;  // whole warps (units * 8 is a multiple of 32)
+  const int64_t tok = (i >> 3) / L.units, col = (i % (L.units * 8)) * 4;
   pdl_wait();
   float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (col < in) {
-    const uint2 p = __ldg(reinterpret_cast<const uint2*>(x + tok * in + col));
-    f[0] = __uint_as_float(p.x << 16), f[1] = __uint_as_float(p.x & 0xffff0000u);
-    f[2] = __uint_as_float(p.y << 16), f[3] = __uint_as_float(p.y & 0xffff0000u);
-  }
-  float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
-  float sum = (f[0] + f[1]) + (f[2] + f[3]);
-#pragma unroll
-  for (int o = 1; o < GS / 4; o <<= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  }
-  constexpr float kRange = 127.0f * 254.0f;
-  const float inv = amax > 0.0f ? kRange / amax : 0.0f;
-  uint32_t hi = 0u, lo = 0u;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int v = max(-32258, min(32258, __float2int_rn(f[e] * inv)));
-    const int h = __float2int_rn(static_cast<float>(v) * (1.0f / 254.0f));  // |v - 254 h| <= 127 + rounding
-    const int l = max(-127, min(127, v - 254 * h));
-    hi |= (static_cast<uint32_t>(h) & 0xffu) << (8 * e);
-    lo |= (static_cast<uint32_t>(l) & 0xffu) << (8 * e);
-  }
-  uint32_t* unit = codes + (tok * L.units + u) * 16;
-  const int t = j & 3, half = j >> 2;  // columns 4j.. = 16 half + 4t..
-  unit[4 * t + half] = hi;
-  unit[4 * t + 2 + half] = lo;
-  if (col % GS == 0) meta[((tok >> 3) * L.groups + col / GS) * 8 + (tok & 7)] = make_float2(amax / kRange, sum);
+  if (col < in) load_bf16x4(x + tok * in + col, f);
+  qx_store4<GS>(f, tok, col, L, codes, meta);
 }
 
 __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -609,24 +572,27 @@ void launch_q4_tile(const QWeightArgs& w, void* codes, void* pairs, cudaStream_t
 }
 
 int64_t q4_qx_bytes(int64_t n, int64_t in, int group_size) {
-  const QxLayout L(n, in, group_size);
+  const QxLayout L = qx_layout(n, in, group_size);
   return L.code_bytes + L.meta_bytes;
 }
 
-void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, void* qx, cudaStream_t s) {
+void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, void* qx, bool qx_ready,
+                        cudaStream_t s) {
   if (n == 0 || m.count == 0 || m.tiles[m.count] == 0) return;
   const int64_t in = m.w[0].in;
   const int gs = m.w[0].group_size;
-  const QxLayout L(n, in, gs);
+  const QxLayout L = qx_layout(n, in, gs);
   if (L.n_pad / 8 > 65535) std::abort();  // grid.y; the caller sends at most qgemv_max_tokens(4)
   auto* codes = static_cast<uint32_t*>(qx);
   auto* meta = reinterpret_cast<float2*>(static_cast<char*>(qx) + L.code_bytes);
   const auto* xp = static_cast<const __nv_bfloat16*>(x);
   const unsigned qgrid = grid_for(n * L.units * 8, 256);
-  switch (gs) {
-    case 32: launch_pdl(q4_quantize_x_kernel<32>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
-    case 64: launch_pdl(q4_quantize_x_kernel<64>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
-    default: launch_pdl(q4_quantize_x_kernel<128>, qgrid, 256, 0, s, xp, n, in, L, codes, meta); break;
+  if (!qx_ready) {
+    switch (gs) {
+      case 32: launch_pdl(q4_quantize_x_kernel<32>, qgrid, 256, 0, s, xp, in, L, codes, meta); break;
+      case 64: launch_pdl(q4_quantize_x_kernel<64>, qgrid, 256, 0, s, xp, in, L, codes, meta); break;
+      default: launch_pdl(q4_quantize_x_kernel<128>, qgrid, 256, 0, s, xp, in, L, codes, meta); break;
+    }
   }
   // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (q/k/v, o, down of an
   // 8B model; measured on the H200, llama-3-8b 4-bit batch 1 decode: 364.8 / 366.8 tok/s against
@@ -644,12 +610,12 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, vo
 }
 
 void launch_qgemv(const void* x, int64_t n, const QWeightArgs& w, const void* bias, Dt bt, void* y, Dt yt,
-                  int n_sms, void* qx, cudaStream_t s) {
+                  int n_sms, void* qx, bool qx_ready, cudaStream_t s) {
   if (n == 0 || w.out == 0) return;
   if (w.pairs) {
     QMulti m{};
     m.add(w, bias, bt, y, yt);
-    return launch_qgemv_multi(x, n, m, n_sms, qx, s);
+    return launch_qgemv_multi(x, n, m, n_sms, qx, qx_ready, s);
   }
   for (int64_t t0 = 0; t0 < n; t0 += 65535) {  // grid.y limit (never reached by the caller's batches)
     const int64_t nn = n - t0 < 65535 ? n - t0 : 65535;

@@ -1,0 +1,72 @@
+// The 4-bit GEMV's activation quantization (qmatmul.cu states the format; QxLayout in kernels.h),
+// shared by its own quantize kernel and by the producer kernels that write qx beside their bf16
+// output (rms_norm, add_rms_norm, gated_act), so every path stores the same bits.
+#pragma once
+#include "kiln/backend/cuda/common.cuh"
+
+namespace kiln::backend::cuda {
+
+// Quantizes 4 consecutive values f (bf16-exact) at columns col..col+3 of token tok (col % 4 == 0;
+// zeros past the row). Called by every lane of a warp at once, the GS / 4 lanes of a group adjacent
+// (their max and sum by shuffles, in a fixed order).
+template <int GS>
+__device__ __forceinline__ void qx_store4(const float (&f)[4], int64_t tok, int64_t col, const QxLayout& L,
+                                          uint32_t* __restrict__ codes, float2* __restrict__ meta) {
+  float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+  float sum = (f[0] + f[1]) + (f[2] + f[3]);
+#pragma unroll
+  for (int o = 1; o < GS / 4; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  constexpr float kRange = 127.0f * 254.0f;
+  const float inv = amax > 0.0f ? kRange / amax : 0.0f;
+  uint32_t hi = 0u, lo = 0u;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int v = max(-32258, min(32258, __float2int_rn(f[e] * inv)));
+    const int h = __float2int_rn(static_cast<float>(v) * (1.0f / 254.0f));  // |v - 254 h| <= 127 + rounding
+    const int l = max(-127, min(127, v - 254 * h));
+    hi |= (static_cast<uint32_t>(h) & 0xffu) << (8 * e);
+    lo |= (static_cast<uint32_t>(l) & 0xffu) << (8 * e);
+  }
+  const int64_t u = col / 32;
+  const int j = static_cast<int>(col % 32) / 4, t = j & 3, half = j >> 2;  // columns 4j.. = 16 half + 4t..
+  uint32_t* unit = codes + (tok * L.units + u) * 16;
+  unit[4 * t + half] = hi;
+  unit[4 * t + 2 + half] = lo;
+  if (col % GS == 0) meta[((tok >> 3) * L.groups + col / GS) * 8 + (tok & 7)] = make_float2(amax / kRange, sum);
+}
+
+// 4 bf16 at p as floats.
+__device__ __forceinline__ void load_bf16x4(const __nv_bfloat16* p, float (&f)[4]) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+  f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+}
+
+// Every thread of a block: row tok of a bf16 output y [., in] (this block's writes to it made
+// visible by a __syncthreads before) into qx, 4-value slots strided over the block (blockDim a
+// multiple of 32, so a warp's lanes are all in or all out of a round).
+template <int GS>
+__device__ void qx_store_row(const __nv_bfloat16* yrow, int64_t in, int64_t tok, const QxOut& q) {
+  auto* codes = static_cast<uint32_t*>(q.base);
+  auto* meta = reinterpret_cast<float2*>(static_cast<char*>(q.base) + q.L.code_bytes);
+  for (int64_t slot = threadIdx.x; slot < q.L.units * 8; slot += blockDim.x) {
+    const int64_t col = slot * 4;
+    float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (col < in) load_bf16x4(yrow + col, f);
+    qx_store4<GS>(f, tok, col, q.L, codes, meta);
+  }
+}
+
+// qx_store_row for the runtime group size.
+__device__ __forceinline__ void qx_store_row_gs(const __nv_bfloat16* yrow, int64_t in, int64_t tok, const QxOut& q) {
+  switch (q.group_size) {
+    case 32: qx_store_row<32>(yrow, in, tok, q); break;
+    case 64: qx_store_row<64>(yrow, in, tok, q); break;
+    default: qx_store_row<128>(yrow, in, tok, q); break;
+  }
+}
+
+}  // namespace kiln::backend::cuda
