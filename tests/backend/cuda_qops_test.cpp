@@ -265,6 +265,24 @@ TEST_F(CudaQOps, ProducedActivationsFeedTheFourBitGemv) {
       gpu_->scale(h, 2.0f);
       EXPECT_EQ(h.sidecar, nullptr) << "scale wrote h";
       same_as_plain(h, wq, "h after scale");
+      // Decode attention (8 heads of 128 over 2 kv heads, blocks of 16 rows): contexts of 40 keys (one
+      // split writes the output) and of 700 / 300 (splits merged by the last block to finish).
+      AttnParams p;
+      p.n_heads = 8, p.n_kv_heads = 2, p.head_dim = 128, p.scale = 0.088f, p.block_size = 16, p.max_blocks = 44;
+      const int32_t lens[] = {40, 700, 300};
+      Tensor tables = Tensor::host(DType::i32, {n, p.max_blocks}), seqs = Tensor::host(DType::i32, {n}),
+             pos = Tensor::host(DType::i32, {n});
+      for (int64_t i = 0; i < n; ++i) {
+        seqs.ptr<int32_t>()[i] = static_cast<int32_t>(i);
+        pos.ptr<int32_t>()[i] = lens[i] - 1;
+        for (int b = 0; b < p.max_blocks; ++b) tables.ptr<int32_t>()[i * p.max_blocks + b] = static_cast<int32_t>(i * p.max_blocks + b);
+      }
+      const Weight wo = random_qweight(rng, out, 1024, 4, 64, DType::bf16);
+      Tensor q = dev({n, 1024}), kc = dev({n * p.max_blocks * 16, 256}), vc = dev({n * p.max_blocks * 16, 256});
+      Tensor attn = gpu_->alloc(DType::bf16, {n, 1024});
+      gpu_->attention(q, kc, vc, gpu_->upload(tables), gpu_->upload(seqs), gpu_->upload(pos), p, attn);
+      EXPECT_NE(attn.sidecar, nullptr) << "attention";
+      same_as_plain(attn, wo, "attention");
     }
     gpu_->end_step();
   }

@@ -9,7 +9,7 @@
 #include <climits>
 #include <cmath>
 
-#include "kiln/backend/cuda/common.cuh"
+#include "kiln/backend/cuda/qx.cuh"
 
 namespace kiln::backend::cuda {
 
@@ -83,20 +83,71 @@ template <> struct BfVec<8> { using T = uint4; };
 constexpr int kTile = 32;          // keys per warp tile: lane i scores key i
 constexpr int kTiledMaxGroup = 8;  // heads per tiled block; larger groups run in chunks (K/V re-read from L2)
 
+// The merge of attn_combine_kernel for heads h0 + [0, ng) of token t, by one block of the tiled kernel
+// (the last of the splits to finish): warp w takes heads w, w + 4, ... (lanes over the splits) for
+// the weights e^(m_s - M) and L, then each thread a strided set of (head, dim) outputs, stored to
+// out and, bf16-rounded, to y_s. Partials are read from L2 (other blocks wrote them).
+template <int G, int HD>
+__device__ void combine_splits(const AttnArgs& a, float* partials, int n_splits, int t, int h0, int ng,
+                               float* y_s) {
+  __shared__ float w_s[G][kAttnFusedMaxSplits], l_s[G];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int g = warp; g < ng; g += kDecodeWarps) {
+    const float* pp = partial_of(a, partials, n_splits, t, h0 + g, 0);
+    float m[kAttnFusedMaxSplits / 32];
+    float M = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kAttnFusedMaxSplits / 32; ++i) {
+      const int sp = lane + 32 * i;
+      m[i] = sp < n_splits ? __ldcg(pp + int64_t{sp} * (HD + 2)) : -INFINITY;
+      M = fmaxf(M, m[i]);
+    }
+    M = warp_max(M);  // finite: split 0 is never empty
+    float L = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kAttnFusedMaxSplits / 32; ++i) {
+      const int sp = lane + 32 * i;
+      const float w = m[i] == -INFINITY ? 0.0f : __expf(m[i] - M);
+      if (sp < n_splits) w_s[g][sp] = w;
+      if (w != 0.0f) L = fmaf(__ldcg(pp + int64_t{sp} * (HD + 2) + 1), w, L);
+    }
+    L = warp_sum(L);
+    if (lane == 0) l_s[g] = L;
+  }
+  __syncthreads();
+  const int64_t q_width = int64_t{a.n_heads} * HD;
+  for (int item = threadIdx.x; item < ng * HD; item += kDecodeThreads) {
+    const int g = item / HD, d = item % HD;
+    const float* pp = partial_of(a, partials, n_splits, t, h0 + g, 0) + 2 + d;
+    float acc = 0.0f;
+    for (int sp = 0; sp < n_splits; ++sp) {
+      const float w = w_s[g][sp];
+      if (w != 0.0f) acc = fmaf(__ldcg(pp + int64_t{sp} * (HD + 2)), w, acc);
+    }
+    const __nv_bfloat16 y = __float2bfloat16_rn(acc / l_s[g]);
+    static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h0 + g} * HD + d] = y;
+    y_s[item] = __bfloat162float(y);
+  }
+}
+
 template <int HD, int G>
 __global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnArgs a, int n_splits, int kps,
-                                                                          float* partials) {
+                                                                          float* partials, unsigned* counters,
+                                                                          QxOut qx) {
   pdl_trigger();
-  pdl_wait();  // q and the current token's K/V come from rope_kv_write (launched with launch_pdl)
   constexpr int DPL = HD / 32;                 // V dims per lane
   constexpr int KCH = HD < 128 ? HD : 128;     // K dims per lane per load round
   constexpr int KV16 = KCH / 8;                // 16-byte K loads in flight per lane (<= 16: 64 registers)
-  constexpr int U = HD <= 128 ? 16 : 8;        // V rows in flight per warp (a multiple of 4 dividing 32)
+  // V rows in flight per warp (a multiple of 4 dividing 32). Up to 128 dims: the tile's 32 rows, issued
+  // with its K rows (one memory round trip per tile instead of three); 256 dims: 8, after the scores.
+  constexpr int U = HD <= 128 ? kTile : 8;
+  constexpr bool kVWithK = U == kTile;
   // Shared memory, in floats. Tile loop: q_s [G][HD] (q * scale; rows >= ng zero), p_s [warps][G][32].
   // Merge (after a barrier, reusing it): acc_s [warps][G][HD], m_s [warps][G], l_s [warps][G].
   constexpr int kLoopFloats = G * HD + kDecodeWarps * G * kTile;
   constexpr int kMergeFloats = kDecodeWarps * G * (HD + 2);
   __shared__ __align__(16) float smem[kLoopFloats > kMergeFloats ? kLoopFloats : kMergeFloats];
+  __shared__ float y_s[G * HD];  // the block's output rows (bf16-rounded), for qx
   using VT = typename BfVec<DPL>::T;
 
   const int t = blockIdx.x, split = blockIdx.z;
@@ -108,148 +159,188 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnA
   const int h0 = kvh * group + g0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t q_width = int64_t{a.n_heads} * HD;
+  // Positions and block tables are step inputs, uploaded before the step's first kernel: read before
+  // pdl_wait, with this warp's first tile's cache rows (slot: block * block_size + offset of key j).
   const SplitRange r = split_range(a, t, split, kps);
-
-  if (r.nk == 0) {  // empty split: a partial the combine kernel skips (one split is never empty)
-    if (n_splits > 1)
-      for (int g = threadIdx.x; g < ng; g += kDecodeThreads) {
-        float* pp = partial_of(a, partials, n_splits, t, h0 + g, split);
-        pp[0] = -INFINITY;
-        pp[1] = 0.0f;
-      }
-    return;
-  }
-
-  float* q_s = smem;
-  float* p_w = smem + G * HD + warp * G * kTile;  // this warp's p [G][32]
-  const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q) + int64_t{t} * q_width + int64_t{h0} * HD;
-  for (int i = threadIdx.x; i < G * HD; i += kDecodeThreads) q_s[i] = i < ng * HD ? __bfloat162float(q[i]) * a.scale : 0.0f;
-  __syncthreads();
-
-  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache);
-  const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache);
-  const int64_t kv_width = int64_t{a.n_kv_heads} * HD, head_off = int64_t{kvh} * HD;
   const int32_t* table = a.block_tables + int64_t{r.seq} * a.max_blocks;
-  // Rows g >= ng of q_s are zero, so those heads compute harmless finite values that are never written.
-  float m[G], l[G], acc[G][DPL];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = -INFINITY, l[g] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
-  }
+  const auto slot_of = [&](int tile) -> int32_t {
+    const int64_t j = r.j0 + int64_t{tile} * kTile + lane;
+    return tile * kTile + lane < r.nk ? table[j / a.block_size] * a.block_size + static_cast<int32_t>(j % a.block_size)
+                                      : 0;
+  };
+  int32_t next_slot = slot_of(warp);
+  pdl_wait();  // q and the current token's K/V come from rope_kv_write (launched with launch_pdl)
 
-  for (int tile = warp; tile * kTile < r.nk; tile += kDecodeWarps) {
-    const int n_in = min(kTile, r.nk - tile * kTile);  // keys in this tile (warp-uniform, >= 1)
-    const bool valid = lane < n_in;
-    // slot: the cache row (block * block_size + offset) of this lane's key j.
-    int32_t slot = 0;
-    if (valid) {
-      const int64_t j = r.j0 + tile * kTile + lane;
-      slot = table[j / a.block_size] * a.block_size + static_cast<int32_t>(j % a.block_size);
+  if (r.nk == 0) {  // empty split: a partial the combine skips (one split is never empty)
+    for (int g = threadIdx.x; g < ng; g += kDecodeThreads) {
+      float* pp = partial_of(a, partials, n_splits, t, h0 + g, split);
+      pp[0] = -INFINITY;
+      pp[1] = 0.0f;
     }
+  } else {
+    float* q_s = smem;
+    float* p_w = smem + G * HD + warp * G * kTile;  // this warp's p [G][32]
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q) + int64_t{t} * q_width + int64_t{h0} * HD;
+    for (int i = threadIdx.x; i < G * HD; i += kDecodeThreads) q_s[i] = i < ng * HD ? __bfloat162float(q[i]) * a.scale : 0.0f;
+    __syncthreads();
 
-    // Scores s[g] = (q_g * scale) · K[j]: KV16 16-byte loads issued before any is used.
-    float s[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) s[g] = 0.0f;
-    const uint4* krow = reinterpret_cast<const uint4*>(kc + int64_t{slot} * kv_width + head_off);
-#pragma unroll
-    for (int c = 0; c < HD / KCH; ++c) {
-      uint4 kr[KV16];
-#pragma unroll
-      for (int i = 0; i < KV16; ++i) kr[i] = valid ? __ldg(krow + c * KV16 + i) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int i = 0; i < KV16; ++i) {
-        float kf[8];
-        unpack_bf16<8>(kr[i], kf);
-        const float4* q4 = reinterpret_cast<const float4*>(q_s + c * KCH + i * 8);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float4 qa = q4[g * (HD / 4)], qb = q4[g * (HD / 4) + 1];
-          s[g] = fmaf(kf[0], qa.x, fmaf(kf[1], qa.y, fmaf(kf[2], qa.z, fmaf(kf[3], qa.w, s[g]))));
-          s[g] = fmaf(kf[4], qb.x, fmaf(kf[5], qb.y, fmaf(kf[6], qb.z, fmaf(kf[7], qb.w, s[g]))));
-        }
-      }
-    }
-
-    // Online softmax over the tile in log2 units (s2 = softcap(s) * log2 e; invalid keys -inf).
-    // m_new is finite: lane 0's key is valid and its score finite.
+    const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache);
+    const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache);
+    const int64_t kv_width = int64_t{a.n_kv_heads} * HD, head_off = int64_t{kvh} * HD;
+    // Rows g >= ng of q_s are zero, so those heads compute harmless finite values that are never written.
+    float m[G], l[G], acc[G][DPL];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const float s2 = valid ? cap_score(s[g], a.softcap) * kLog2e : -INFINITY;
-      const float m_new = fmaxf(m[g], warp_max(s2));
-      const float alpha = exp2f(m[g] - m_new);  // 0 on the warp's first tile (m = -inf)
-      const float p = exp2f(s2 - m_new);        // 0 for invalid keys
-      m[g] = m_new;
-      l[g] = fmaf(l[g], alpha, p);
+      m[g] = -INFINITY, l[g] = 0.0f;
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) acc[g][i] *= alpha;
-      p_w[g * kTile + lane] = p;
+      for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
     }
-    __syncwarp();
 
-    // acc[g][lane dims] += Σ_k p[g][k] V[k][lane dims]. Key k's slot comes from lane k by shuffle;
-    // V rows past n_in are not read (zero), and their p is 0.
-    for (int k0 = 0; k0 < n_in; k0 += U) {
-      VT vr[U];
+    for (int tile = warp; tile * kTile < r.nk; tile += kDecodeWarps) {
+      const int n_in = min(kTile, r.nk - tile * kTile);  // keys in this tile (warp-uniform, >= 1)
+      const bool valid = lane < n_in;
+      const int32_t slot = next_slot;  // this lane's key's cache row; the next tile's requested now
+      if ((tile + kDecodeWarps) * kTile < r.nk) next_slot = slot_of(tile + kDecodeWarps);
+
+      // Scores s[g] = (q_g * scale) · K[j]: KV16 16-byte loads issued before any is used.
+      float s[G];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int32_t sl = __shfl_sync(0xffffffffu, slot, k0 + u);
-        vr[u] = k0 + u < n_in ? __ldg(reinterpret_cast<const VT*>(vc + int64_t{sl} * kv_width + head_off) + lane) : VT{};
-      }
+      for (int g = 0; g < G; ++g) s[g] = 0.0f;
+      const uint4* krow = reinterpret_cast<const uint4*>(kc + int64_t{slot} * kv_width + head_off);
+      VT vr[U];  // V rows k0 + u of the P·V loop (kVWithK: all the tile's rows, requested with K)
+      const auto load_v = [&](int k0) {
 #pragma unroll
-      for (int u = 0; u < U; u += 4) {
-        float vf[4][DPL];
+        for (int u = 0; u < U; ++u) {
+          const int32_t sl = __shfl_sync(0xffffffffu, slot, k0 + u);
+          vr[u] = k0 + u < n_in ? __ldg(reinterpret_cast<const VT*>(vc + int64_t{sl} * kv_width + head_off) + lane) : VT{};
+        }
+      };
 #pragma unroll
-        for (int e = 0; e < 4; ++e) unpack_bf16<DPL>(vr[u + e], vf[e]);
+      for (int c = 0; c < HD / KCH; ++c) {
+        uint4 kr[KV16];
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float4 p4 = *reinterpret_cast<const float4*>(p_w + g * kTile + k0 + u);
+        for (int i = 0; i < KV16; ++i) kr[i] = valid ? __ldg(krow + c * KV16 + i) : make_uint4(0, 0, 0, 0);
+        if (kVWithK && c == 0) load_v(0);
 #pragma unroll
-          for (int i = 0; i < DPL; ++i)
-            acc[g][i] = fmaf(p4.x, vf[0][i], fmaf(p4.y, vf[1][i], fmaf(p4.z, vf[2][i], fmaf(p4.w, vf[3][i], acc[g][i]))));
+        for (int i = 0; i < KV16; ++i) {
+          float kf[8];
+          unpack_bf16<8>(kr[i], kf);
+          const float4* q4 = reinterpret_cast<const float4*>(q_s + c * KCH + i * 8);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            const float4 qa = q4[g * (HD / 4)], qb = q4[g * (HD / 4) + 1];
+            s[g] = fmaf(kf[0], qa.x, fmaf(kf[1], qa.y, fmaf(kf[2], qa.z, fmaf(kf[3], qa.w, s[g]))));
+            s[g] = fmaf(kf[4], qb.x, fmaf(kf[5], qb.y, fmaf(kf[6], qb.z, fmaf(kf[7], qb.w, s[g]))));
+          }
         }
       }
+
+      // Online softmax over the tile in log2 units (s2 = softcap(s) * log2 e; invalid keys -inf).
+      // m_new is finite: lane 0's key is valid and its score finite.
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float s2 = valid ? cap_score(s[g], a.softcap) * kLog2e : -INFINITY;
+        const float m_new = fmaxf(m[g], warp_max(s2));
+        const float alpha = exp2f(m[g] - m_new);  // 0 on the warp's first tile (m = -inf)
+        const float p = exp2f(s2 - m_new);        // 0 for invalid keys
+        m[g] = m_new;
+        l[g] = fmaf(l[g], alpha, p);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[g][i] *= alpha;
+        p_w[g * kTile + lane] = p;
+      }
+      __syncwarp();
+
+      // acc[g][lane dims] += Σ_k p[g][k] V[k][lane dims]. Key k's slot comes from lane k by shuffle;
+      // V rows past n_in are not read (zero), and their p is 0.
+      for (int k0 = 0; k0 < n_in; k0 += U) {
+        if (!kVWithK) load_v(k0);
+#pragma unroll
+        for (int u = 0; u < U; u += 4) {
+          float vf[4][DPL];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) unpack_bf16<DPL>(vr[u + e], vf[e]);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            const float4 p4 = *reinterpret_cast<const float4*>(p_w + g * kTile + k0 + u);
+#pragma unroll
+            for (int i = 0; i < DPL; ++i)
+              acc[g][i] = fmaf(p4.x, vf[0][i], fmaf(p4.y, vf[1][i], fmaf(p4.z, vf[2][i], fmaf(p4.w, vf[3][i], acc[g][i]))));
+          }
+        }
+      }
+      __syncwarp();  // p_w is rewritten by the next tile
     }
-    __syncwarp();  // p_w is rewritten by the next tile
+
+    // Merge the warps: M = max_w m_w, L = Σ_w l_w 2^(m_w - M), o[d] = Σ_w acc_w[d] 2^(m_w - M).
+#pragma unroll
+    for (int g = 0; g < G; ++g) l[g] = warp_sum(l[g]);
+    __syncthreads();  // every warp is done with q_s / p_s, which the merge buffers reuse
+    float* acc_s = smem;
+    float* m_s = smem + kDecodeWarps * G * HD;
+    float* l_s = m_s + kDecodeWarps * G;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc_s[(warp * G + g) * HD + lane * DPL + i] = acc[g][i];
+      if (lane == 0) m_s[warp * G + g] = m[g], l_s[warp * G + g] = l[g];
+    }
+    __syncthreads();
+    for (int item = threadIdx.x; item < ng * HD; item += kDecodeThreads) {
+      const int g = item / HD, d = item % HD;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w * G + g]);  // finite: warp 0 had a tile
+      float L = 0.0f, o = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        const float mw = m_s[w * G + g];
+        if (mw == -INFINITY) continue;  // a warp without tiles
+        const float wt = exp2f(mw - M);
+        L = fmaf(l_s[w * G + g], wt, L);
+        o = fmaf(acc_s[(w * G + g) * HD + d], wt, o);
+      }
+      const int h = h0 + g;
+      if (n_splits == 1) {
+        const __nv_bfloat16 y = __float2bfloat16_rn(o / L);
+        static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h} * HD + d] = y;
+        y_s[item] = __bfloat162float(y);
+      } else {
+        float* pp = partial_of(a, partials, n_splits, t, h, split);
+        if (d == 0) pp[0] = M * kLn2, pp[1] = L;
+        pp[2 + d] = o;
+      }
+    }
+
   }
 
-  // Merge the warps: M = max_w m_w, L = Σ_w l_w 2^(m_w - M), o[d] = Σ_w acc_w[d] 2^(m_w - M).
-#pragma unroll
-  for (int g = 0; g < G; ++g) l[g] = warp_sum(l[g]);
-  __syncthreads();  // every warp is done with q_s / p_s, which the merge buffers reuse
-  float* acc_s = smem;
-  float* m_s = smem + kDecodeWarps * G * HD;
-  float* l_s = m_s + kDecodeWarps * G;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc_s[(warp * G + g) * HD + lane * DPL + i] = acc[g][i];
-    if (lane == 0) m_s[warp * G + g] = m[g], l_s[warp * G + g] = l[g];
-  }
-  __syncthreads();
-  for (int item = threadIdx.x; item < ng * HD; item += kDecodeThreads) {
-    const int g = item / HD, d = item % HD;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w * G + g]);  // finite: warp 0 had a tile
-    float L = 0.0f, o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float mw = m_s[w * G + g];
-      if (mw == -INFINITY) continue;  // a warp without tiles
-      const float wt = exp2f(mw - M);
-      L = fmaf(l_s[w * G + g], wt, L);
-      o = fmaf(acc_s[(w * G + g) * HD + d], wt, o);
+  if (n_splits > 1) {  // the last block of (token, heads) to finish merges the splits (counters set)
+    if (counters == nullptr) return;  // attn_combine_kernel does
+    __shared__ int last;
+    __threadfence();  // this block's partials, visible before its arrival is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned* c = counters + int64_t{t} * gridDim.y + blockIdx.y;
+      last = atomicAdd(c, 1u) == static_cast<unsigned>(n_splits - 1);
+      if (last) *c = 0u;  // ready for the next launch
     }
-    const int h = h0 + g;
-    if (n_splits == 1) {
-      static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h} * HD + d] = __float2bfloat16_rn(o / L);
-    } else {
-      float* pp = partial_of(a, partials, n_splits, t, h, split);
-      if (d == 0) pp[0] = M * kLn2, pp[1] = L;
-      pp[2 + d] = o;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    combine_splits<G, HD>(a, partials, n_splits, t, h0, ng, y_s);
+  }
+  if (qx.base) {  // the o projection's quantized input: this block's columns [h0 HD, (h0 + ng) HD)
+    __syncthreads();
+    auto* codes = static_cast<uint32_t*>(qx.base);
+    auto* meta = reinterpret_cast<float2*>(static_cast<char*>(qx.base) + qx.L.code_bytes);
+    for (int slot = threadIdx.x; slot < ng * HD / 4; slot += kDecodeThreads) {  // whole warps (host check)
+      const float f[4] = {y_s[4 * slot], y_s[4 * slot + 1], y_s[4 * slot + 2], y_s[4 * slot + 3]};
+      const int64_t col = int64_t{h0} * HD + 4 * slot;
+      switch (qx.group_size) {
+        case 32: qx_store4<32>(f, t, col, qx.L, codes, meta); break;
+        case 64: qx_store4<64>(f, t, col, qx.L, codes, meta); break;
+        default: qx_store4<128>(f, t, col, qx.L, codes, meta); break;
+      }
     }
   }
 }
@@ -405,6 +496,18 @@ int64_t attention_partials_floats(const AttnArgs& a, int n_splits) {
   return int64_t{a.n_tokens} * a.n_heads * n_splits * (a.head_dim + 2);
 }
 
+int attention_decode_chunks(const AttnArgs& a) {
+  return (a.n_heads / a.n_kv_heads + kTiledMaxGroup - 1) / kTiledMaxGroup;
+}
+
+// Every block's columns are whole groups and whole warps of 4-value slots: equal chunks of heads
+// whose width is a multiple of 128 (and of the group size).
+bool attention_decode_qx_ok(const AttnArgs& a, int group_size) {
+  const int group = a.n_heads / a.n_kv_heads, chunks = attention_decode_chunks(a), hpc = group / chunks;
+  return attention_decode_tiled(a) && group % chunks == 0 && hpc * a.head_dim % 128 == 0 &&
+         a.head_dim % group_size == 0;
+}
+
 bool attention_decode_tiled(const AttnArgs& a) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && aligned(a.k_cache) && aligned(a.v_cache);
@@ -416,20 +519,22 @@ namespace {
 // the kernel's G is the next power of two >= the chunk (its extra heads have zero q and are not
 // written). The kernel derives the same chunking from gridDim.y.
 template <int HD>
-void launch_decode_tiled(const AttnArgs& a, int n_splits, int kps, float* partials, cudaStream_t s) {
+void launch_decode_tiled(const AttnArgs& a, int n_splits, int kps, float* partials, unsigned* counters, const QxOut& qx,
+                         cudaStream_t s) {
   const int group = a.n_heads / a.n_kv_heads;
-  const int n_chunks = (group + kTiledMaxGroup - 1) / kTiledMaxGroup;
+  const int n_chunks = attention_decode_chunks(a);
   const int hpc = (group + n_chunks - 1) / n_chunks;
   const dim3 grid(a.n_tokens, a.n_kv_heads * n_chunks, n_splits);
-  if (hpc <= 1) launch_pdl(attn_decode_tiled_kernel<HD, 1>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials);
-  else if (hpc <= 2) launch_pdl(attn_decode_tiled_kernel<HD, 2>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials);
-  else if (hpc <= 4) launch_pdl(attn_decode_tiled_kernel<HD, 4>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials);
-  else launch_pdl(attn_decode_tiled_kernel<HD, 8>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials);
+  if (hpc <= 1) launch_pdl(attn_decode_tiled_kernel<HD, 1>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
+  else if (hpc <= 2) launch_pdl(attn_decode_tiled_kernel<HD, 2>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
+  else if (hpc <= 4) launch_pdl(attn_decode_tiled_kernel<HD, 4>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
+  else launch_pdl(attn_decode_tiled_kernel<HD, 8>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
 }
 
 }  // namespace
 
-void launch_attention_decode(const AttnArgs& a, int n_splits, int kps, float* partials, cudaStream_t s) {
+void launch_attention_decode(const AttnArgs& a, int n_splits, int kps, float* partials, unsigned* counters,
+                             const QxOut& qx, cudaStream_t s) {
   if (a.n_tokens == 0) return;
   const int group = a.n_heads / a.n_kv_heads;
   if (group > kMaxGroup || a.head_dim > kMaxHeadDim) {
@@ -439,11 +544,12 @@ void launch_attention_decode(const AttnArgs& a, int n_splits, int kps, float* pa
   }
   if (attention_decode_tiled(a)) {
     switch (a.head_dim) {
-      case 64: launch_decode_tiled<64>(a, n_splits, kps, partials, s); break;
-      case 128: launch_decode_tiled<128>(a, n_splits, kps, partials, s); break;
-      default: launch_decode_tiled<256>(a, n_splits, kps, partials, s); break;
+      case 64: launch_decode_tiled<64>(a, n_splits, kps, partials, counters, qx, s); break;
+      case 128: launch_decode_tiled<128>(a, n_splits, kps, partials, counters, qx, s); break;
+      default: launch_decode_tiled<256>(a, n_splits, kps, partials, counters, qx, s); break;
     }
     KILN_CUDA_LAUNCH_CHECK("attention_decode (tiled)");
+    if (counters) return;  // the last block of each (token, kv head chunk) merged the splits
   } else {
     if (kps > kAttnGenericMaxKeysPerSplit) {
       std::fprintf(stderr, "[cuda] attention: %d keys per split > %d for head_dim %d\n", kps,

@@ -60,6 +60,9 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUBLAS_CHECK(cublasLtCreate(&im.lt));
   CUDA_CHECK(cudaMalloc(&im.workspace, im.workspace_bytes));
   ++im.stats.device_mallocs;
+  CUDA_CHECK(cudaMalloc(&im.attn_counters, im.attn_counters_n * sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(im.attn_counters, 0, im.attn_counters_n * sizeof(unsigned)));
+  ++im.stats.device_mallocs;
   im.arena = std::make_shared<ArenaState>();
   im.arena->base = device_malloc(kInitialArena, im.stats);
   im.arena->capacity = kInitialArena;
@@ -84,6 +87,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [n, ev] : im.prof_pending) cudaEventDestroy(ev.first), cudaEventDestroy(ev.second);
   if (im.lt) cublasLtDestroy(im.lt);
   if (im.workspace) cudaFree(im.workspace);
+  if (im.attn_counters) cudaFree(im.attn_counters);
   if (im.stream) cudaStreamDestroy(im.stream);
 }
 

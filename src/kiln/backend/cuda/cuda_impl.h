@@ -74,6 +74,9 @@ struct CudaBackend::Impl {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 32u << 20;
+  // Arrival counters of the decode attention's split merge (launch_attention_decode), zero between launches.
+  unsigned* attn_counters = nullptr;
+  int64_t attn_counters_n = 16384;
   CudaStats stats;
   AttnKernel attn_kernel = AttnKernel::automatic;
   int n_sms = 132;

@@ -258,10 +258,20 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   const int64_t splits = (max_keys + kps - 1) / kps;
   Tensor partials;
   if (splits > 1) partials = alloc(DType::f32, {attention_partials_floats(a, static_cast<int>(splits))});
+  // The tiled kernel's last block per (token, kv head chunk) merges the splits (no combine launch)
+  // and, decoding for 4-bit weights, writes the o projection's quantized input (qx_output).
+  const bool tiled = attention_decode_tiled(a);
+  unsigned* counters = tiled && splits > 1 && splits <= kAttnFusedMaxSplits &&
+                               n * p.n_kv_heads * attention_decode_chunks(a) <= im.attn_counters_n
+                           ? im.attn_counters
+                           : nullptr;
+  QxOut qx;
+  if (tiled && (splits == 1 || counters) && im.q4_group > 0 && attention_decode_qx_ok(a, im.q4_group))
+    qx = im.qx_output(out);
   if (im.skip() || n == 0) return;
   ProfScope ps(im, "attention (decode)");
   launch_attention_decode(a, static_cast<int>(splits), static_cast<int>(kps),
-                          splits > 1 ? partials.ptr<float>() : nullptr, im.stream);
+                          splits > 1 ? partials.ptr<float>() : nullptr, counters, qx, im.stream);
 }
 
 void CudaBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {

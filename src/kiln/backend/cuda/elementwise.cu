@@ -46,12 +46,12 @@ __global__ void rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_pl
     for (int k = 0; k < K; ++k)
       if (threadIdx.x + int64_t{k} * blockDim.x < dim) ss = sq_acc(ss, to_f(v[k]));
     ss = block_sum(ss);
-    rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim);
+    rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim, qx.base ? row_s<YT>() : nullptr);
   }
   if constexpr (std::is_same_v<YT, __nv_bfloat16>) {
     if (qx.base) {
       __syncthreads();  // the row's y, written by every thread of the block
-      qx_store_row_gs(y + r * dim, dim, r, qx);
+      qx_store_row_gs(K > 0 ? row_s<YT>() : y + r * dim, dim, r, qx);
     }
   }
 }
@@ -271,7 +271,7 @@ void launch_rms_norm(const void* x, Dt xt, const void* w, Dt wt, float eps, bool
         std::abort();
       }
       dispatch_row_regs(dim, [&]<int K>() {
-        rms_norm_kernel<XT, WT, XT, K><<<rows, row_threads(dim), 0, s>>>(
+        rms_norm_kernel<XT, WT, XT, K><<<rows, row_threads(dim), row_smem(dim, sizeof(XT), qx.base != nullptr), s>>>(
             static_cast<const XT*>(x), static_cast<const WT*>(w), eps, one_plus_w, dim, static_cast<XT*>(y), qx);
       });
     });

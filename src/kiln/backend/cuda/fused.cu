@@ -49,12 +49,12 @@ __global__ void add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float e
       ss = sq_acc(ss, to_f(v[k]));
     }
     ss = block_sum(ss);
-    rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim);
+    rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim, qx.base ? row_s<XT>() : nullptr);
   }
   if constexpr (std::is_same_v<XT, __nv_bfloat16>) {
     if (qx.base) {
       __syncthreads();  // the row's y, written by every thread of the block
-      qx_store_row_gs(y + r * dim, dim, r, qx);
+      qx_store_row_gs(K > 0 ? row_s<XT>() : y + r * dim, dim, r, qx);
     }
   }
 }
@@ -118,7 +118,8 @@ void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt
   dispatch(xt, [&]<typename XT>() {
     dispatch(wt, [&]<typename WT>() {
       dispatch_row_regs(dim, [&]<int K>() {
-        launch_pdl(add_rms_norm_kernel<XT, WT, K>, static_cast<unsigned>(rows), row_threads(dim), 0, s,
+        launch_pdl(add_rms_norm_kernel<XT, WT, K>, static_cast<unsigned>(rows), row_threads(dim),
+                   row_smem(dim, sizeof(XT), qx.base != nullptr), s,
                    static_cast<XT*>(x), static_cast<const XT*>(delta), static_cast<const WT*>(w), eps, one_plus_w, dim,
                    static_cast<XT*>(y), qx);
       });

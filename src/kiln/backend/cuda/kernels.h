@@ -101,15 +101,23 @@ struct AttnArgs {
   int window, block_size, max_blocks;
 };
 // Split-K decode kernel: one block per (token, kv head, split) scores its key range [lo + split *
-// keys_per_split, +keys_per_split) for all heads of the GQA group; a combine kernel merges the
-// splits. `n_splits` > 1 needs `partials` (f32, attention_partials_floats(...) of them). Works for
-// any shape (group <= 16, head_dim <= 256). attention_decode_tiled(a): the fast tiled kernel runs
-// (head_dim 64/128/256, 16-byte aligned caches), any keys_per_split; otherwise the generic kernel
-// runs, which needs keys_per_split <= kAttnGenericMaxKeysPerSplit.
+// keys_per_split, +keys_per_split) for all heads of the GQA group (the tiled kernel: for a chunk of
+// them, attention_decode_chunks(a) chunks per kv head); the splits are merged by a combine kernel or,
+// with `counters` (tiled kernel, n_splits <= kAttnFusedMaxSplits), by the last block of each (token,
+// kv head chunk) to finish: counters is [n_tokens][n_kv_heads * chunks] zeros, and is left zero.
+// `n_splits` > 1 needs `partials` (f32, attention_partials_floats(...) of them). Works for any shape
+// (group <= 16, head_dim <= 256). attention_decode_tiled(a): the fast tiled kernel runs (head_dim
+// 64/128/256, 16-byte aligned caches), any keys_per_split; otherwise the generic kernel runs, which
+// needs keys_per_split <= kAttnGenericMaxKeysPerSplit. qx.base (tiled kernel, one split or counters,
+// attention_decode_qx_ok): out's qx (QxOut) is written too.
 constexpr int kAttnGenericMaxKeysPerSplit = 1024;
+constexpr int kAttnFusedMaxSplits = 64;
 bool attention_decode_tiled(const AttnArgs& a);
+int attention_decode_chunks(const AttnArgs& a);
+bool attention_decode_qx_ok(const AttnArgs& a, int group_size);
 int64_t attention_partials_floats(const AttnArgs& a, int n_splits);
-void launch_attention_decode(const AttnArgs& a, int n_splits, int keys_per_split, float* partials, cudaStream_t s);
+void launch_attention_decode(const AttnArgs& a, int n_splits, int keys_per_split, float* partials, unsigned* counters,
+                             const QxOut& qx, cudaStream_t s);
 // Tensor-core (mma.sync bf16) flash-attention kernel: blocks of 128 query rows (tokens x the heads
 // of a GQA group, which share each K/V tile), K/V double-buffered by cp.async; any batch (tiles
 // mixing sequences take one pass per sequence). head_dim must satisfy attention_prefill_supported();

@@ -49,6 +49,17 @@ void dispatch_row_regs(int64_t cols, F&& f) {
   }
 }
 
+// The block's dynamic shared memory as a row of T (row_smem bytes at launch).
+template <typename T>
+__device__ __forceinline__ T* row_s() {
+  extern __shared__ __align__(16) unsigned char row_smem_bytes[];
+  return reinterpret_cast<T*>(row_smem_bytes);
+}
+// Dynamic shared memory of a register-resident row kernel (K > 0) that writes qx: its y row.
+inline size_t row_smem(int64_t cols, size_t elem_bytes, bool qx) {
+  return qx && row_regs(cols) > 0 ? static_cast<size_t>(cols) * elem_bytes : 0;
+}
+
 template <int K, typename T>
 __device__ __forceinline__ void load_row(const T* p, int64_t dim, T (&v)[K]) {
 #pragma unroll
@@ -58,10 +69,11 @@ __device__ __forceinline__ void load_row(const T* p, int64_t dim, T (&v)[K]) {
   }
 }
 
-// rms_norm_store's math over the register-resident row v (weights wv).
+// rms_norm_store's math over the register-resident row v (weights wv); ys (if set): a copy of the
+// row y in shared memory (what a block reads back for the row's qx without a global round trip).
 template <int K, typename XT, typename WT, typename YT>
 __device__ __forceinline__ void rms_norm_store_regs(const XT (&v)[K], const WT (&wv)[K], float ss, float eps,
-                                                    bool one_plus, int64_t dim, YT* yr) {
+                                                    bool one_plus, int64_t dim, YT* yr, YT* ys = nullptr) {
   const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -69,7 +81,9 @@ __device__ __forceinline__ void rms_norm_store_regs(const XT (&v)[K], const WT (
     if (d >= dim) break;
     float wf = to_f(wv[k]);
     if (one_plus) wf += 1.0f;
-    yr[d] = from_f<YT>((to_f(v[k]) * inv) * wf);
+    const YT y = from_f<YT>((to_f(v[k]) * inv) * wf);
+    yr[d] = y;
+    if (ys) ys[d] = y;
   }
 }
 
