@@ -94,12 +94,13 @@ __device__ void combine_splits(const AttnArgs& a, float* partials, int n_splits,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int g = warp; g < ng; g += kDecodeWarps) {
     const float* pp = partial_of(a, partials, n_splits, t, h0 + g, 0);
-    float m[kAttnFusedMaxSplits / 32];
+    float m[kAttnFusedMaxSplits / 32], l[kAttnFusedMaxSplits / 32];  // (m, l) of splits lane + 32 i
     float M = -INFINITY;
 #pragma unroll
     for (int i = 0; i < kAttnFusedMaxSplits / 32; ++i) {
       const int sp = lane + 32 * i;
       m[i] = sp < n_splits ? __ldcg(pp + int64_t{sp} * (HD + 2)) : -INFINITY;
+      l[i] = sp < n_splits ? __ldcg(pp + int64_t{sp} * (HD + 2) + 1) : 0.0f;
       M = fmaxf(M, m[i]);
     }
     M = warp_max(M);  // finite: split 0 is never empty
@@ -109,7 +110,7 @@ __device__ void combine_splits(const AttnArgs& a, float* partials, int n_splits,
       const int sp = lane + 32 * i;
       const float w = m[i] == -INFINITY ? 0.0f : __expf(m[i] - M);
       if (sp < n_splits) w_s[g][sp] = w;
-      if (w != 0.0f) L = fmaf(__ldcg(pp + int64_t{sp} * (HD + 2) + 1), w, L);
+      if (w != 0.0f) L = fmaf(l[i], w, L);
     }
     L = warp_sum(L);
     if (lane == 0) l_s[g] = L;
@@ -120,9 +121,10 @@ __device__ void combine_splits(const AttnArgs& a, float* partials, int n_splits,
     const int g = item / HD, d = item % HD;
     const float* pp = partial_of(a, partials, n_splits, t, h0 + g, 0) + 2 + d;
     float acc = 0.0f;
-    for (int sp = 0; sp < n_splits; ++sp) {
-      const float w = w_s[g][sp];
-      if (w != 0.0f) acc = fmaf(__ldcg(pp + int64_t{sp} * (HD + 2)), w, acc);
+#pragma unroll 4
+    for (int sp = 0; sp < n_splits; ++sp) {  // loads not behind the branch: a round's loads in flight
+      const float v = __ldcg(pp + int64_t{sp} * (HD + 2)), w = w_s[g][sp];  // (an empty split's v: unused)
+      if (w != 0.0f) acc = fmaf(v, w, acc);
     }
     const __nv_bfloat16 y = __float2bfloat16_rn(acc / l_s[g]);
     static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h0 + g} * HD + d] = y;

@@ -6,9 +6,12 @@
 
 namespace kiln::backend::cuda {
 
-// Threads per block of the one-block-per-row kernels. The rms kernels must agree on it: the
-// block's sum of squares depends on how the row is split over threads.
-inline int row_threads(int64_t cols) { return cols >= 1024 ? 256 : cols >= 256 ? 128 : 64; }
+// Threads per block of the one-block-per-row kernels (at most kRowThreadsMax). The rms kernels must
+// agree on it: the block's sum of squares depends on how the row is split over threads. A decode
+// step's norm is one block on one SM, so its latency is the per-warp instruction count: wide rows
+// get 512 threads (8 values each at 4096; with 256 threads the H200 spent ~6 µs in the one block).
+constexpr int kRowThreadsMax = 512;
+inline int row_threads(int64_t cols) { return cols >= 2048 ? 512 : cols >= 1024 ? 256 : cols >= 256 ? 128 : 64; }
 
 // ss + v², the per-thread sum of squares (an explicit fma so that every kernel rounds alike).
 __device__ __forceinline__ float sq_acc(float ss, float v) { return fmaf(v, v, ss); }
@@ -34,7 +37,7 @@ __device__ __forceinline__ float block_sum(float v) {
 // load of the row issued before the first use — one memory round trip instead of one per element
 // (a 4096-wide add_rms_norm took ~13 µs as a loop on the H200). row_regs(cols): the K of a row,
 // 0 (the loop form) past kRowRegMax elements per thread.
-constexpr int kRowRegMax = 32;
+constexpr int kRowRegMax = 16;
 inline int row_regs(int64_t cols) {
   const int64_t per = (cols + row_threads(cols) - 1) / row_threads(cols);
   return per <= 8 ? 8 : per <= kRowRegMax ? kRowRegMax : 0;
