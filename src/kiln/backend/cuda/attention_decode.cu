@@ -88,7 +88,7 @@ constexpr int kTiledMaxGroup = 8;  // heads per tiled block; larger groups run i
 // the weights e^(m_s - M) and L, then each thread a strided set of (head, dim) outputs, stored to
 // out and, bf16-rounded, to y_s. Partials are read from L2 (other blocks wrote them).
 template <int G, int HD>
-__device__ void combine_splits(const AttnArgs& a, float* partials, int n_splits, int t, int h0, int ng,
+__device__ __forceinline__ void combine_splits(const AttnArgs& a, float* partials, int n_splits, int t, int h0, int ng,
                                float* y_s) {
   __shared__ float w_s[G][kAttnFusedMaxSplits], l_s[G];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -132,7 +132,7 @@ __device__ void combine_splits(const AttnArgs& a, float* partials, int n_splits,
   }
 }
 
-template <int HD, int G>
+template <int HD, int G, bool VK>
 __global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnArgs a, int n_splits, int kps,
                                                                           float* partials, unsigned* counters,
                                                                           QxOut qx) {
@@ -140,10 +140,11 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnA
   constexpr int DPL = HD / 32;                 // V dims per lane
   constexpr int KCH = HD < 128 ? HD : 128;     // K dims per lane per load round
   constexpr int KV16 = KCH / 8;                // 16-byte K loads in flight per lane (<= 16: 64 registers)
-  // V rows in flight per warp (a multiple of 4 dividing 32). Up to 128 dims: the tile's 32 rows, issued
-  // with its K rows (one memory round trip per tile instead of three); 256 dims: 8, after the scores.
-  constexpr int U = HD <= 128 ? kTile : 8;
-  constexpr bool kVWithK = U == kTile;
+  // V rows in flight per warp (a multiple of 4 dividing 32). VK (up to 128 dims): the tile's 32 rows,
+  // requested with its K rows (one memory round trip per tile instead of three); else 16 (8 at 256
+  // dims) after the scores.
+  constexpr bool kVWithK = VK && HD <= 128;
+  constexpr int U = kVWithK ? kTile : HD <= 128 ? 16 : 8;
   // Shared memory, in floats. Tile loop: q_s [G][HD] (q * scale; rows >= ng zero), p_s [warps][G][32].
   // Merge (after a barrier, reusing it): acc_s [warps][G][HD], m_s [warps][G], l_s [warps][G].
   constexpr int kLoopFloats = G * HD + kDecodeWarps * G * kTile;
@@ -522,21 +523,28 @@ namespace {
 // written). The kernel derives the same chunking from gridDim.y.
 template <int HD>
 void launch_decode_tiled(const AttnArgs& a, int n_splits, int kps, float* partials, unsigned* counters, const QxOut& qx,
-                         cudaStream_t s) {
+                         int n_sms, cudaStream_t s) {
   const int group = a.n_heads / a.n_kv_heads;
   const int n_chunks = attention_decode_chunks(a);
   const int hpc = (group + n_chunks - 1) / n_chunks;
   const dim3 grid(a.n_tokens, a.n_kv_heads * n_chunks, n_splits);
-  if (hpc <= 1) launch_pdl(attn_decode_tiled_kernel<HD, 1>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
-  else if (hpc <= 2) launch_pdl(attn_decode_tiled_kernel<HD, 2>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
-  else if (hpc <= 4) launch_pdl(attn_decode_tiled_kernel<HD, 4>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
-  else launch_pdl(attn_decode_tiled_kernel<HD, 8>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
+  // A tile's V rows with its K rows (twice the registers: half the blocks per SM) only where the
+  // grid leaves most SMs a single block or two anyway (batch-1-like decode).
+  const bool vk = HD <= 128 && int64_t{grid.x} * grid.y * grid.z <= 2 * int64_t{n_sms};
+  const auto go = [&]<int G>() {
+    if (vk) launch_pdl(attn_decode_tiled_kernel<HD, G, HD <= 128>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
+    else launch_pdl(attn_decode_tiled_kernel<HD, G, false>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
+  };
+  if (hpc <= 1) go.template operator()<1>();
+  else if (hpc <= 2) go.template operator()<2>();
+  else if (hpc <= 4) go.template operator()<4>();
+  else go.template operator()<8>();
 }
 
 }  // namespace
 
 void launch_attention_decode(const AttnArgs& a, int n_splits, int kps, float* partials, unsigned* counters,
-                             const QxOut& qx, cudaStream_t s) {
+                             const QxOut& qx, int n_sms, cudaStream_t s) {
   if (a.n_tokens == 0) return;
   const int group = a.n_heads / a.n_kv_heads;
   if (group > kMaxGroup || a.head_dim > kMaxHeadDim) {
@@ -546,9 +554,9 @@ void launch_attention_decode(const AttnArgs& a, int n_splits, int kps, float* pa
   }
   if (attention_decode_tiled(a)) {
     switch (a.head_dim) {
-      case 64: launch_decode_tiled<64>(a, n_splits, kps, partials, counters, qx, s); break;
-      case 128: launch_decode_tiled<128>(a, n_splits, kps, partials, counters, qx, s); break;
-      default: launch_decode_tiled<256>(a, n_splits, kps, partials, counters, qx, s); break;
+      case 64: launch_decode_tiled<64>(a, n_splits, kps, partials, counters, qx, n_sms, s); break;
+      case 128: launch_decode_tiled<128>(a, n_splits, kps, partials, counters, qx, n_sms, s); break;
+      default: launch_decode_tiled<256>(a, n_splits, kps, partials, counters, qx, n_sms, s); break;
     }
     KILN_CUDA_LAUNCH_CHECK("attention_decode (tiled)");
     if (counters) return;  // the last block of each (token, kv head chunk) merged the splits

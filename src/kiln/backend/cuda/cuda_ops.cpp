@@ -271,7 +271,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   if (im.skip() || n == 0) return;
   ProfScope ps(im, "attention (decode)");
   launch_attention_decode(a, static_cast<int>(splits), static_cast<int>(kps),
-                          splits > 1 ? partials.ptr<float>() : nullptr, counters, qx, im.stream);
+                          splits > 1 ? partials.ptr<float>() : nullptr, counters, qx, im.n_sms, im.stream);
 }
 
 void CudaBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {

@@ -109,7 +109,7 @@ struct AttnArgs {
 // (group <= 16, head_dim <= 256). attention_decode_tiled(a): the fast tiled kernel runs (head_dim
 // 64/128/256, 16-byte aligned caches), any keys_per_split; otherwise the generic kernel runs, which
 // needs keys_per_split <= kAttnGenericMaxKeysPerSplit. qx.base (tiled kernel, one split or counters,
-// attention_decode_qx_ok): out's qx (QxOut) is written too.
+// attention_decode_qx_ok): out's qx (QxOut) is written too. n_sms: the device's multiprocessors.
 constexpr int kAttnGenericMaxKeysPerSplit = 1024;
 constexpr int kAttnFusedMaxSplits = 64;
 bool attention_decode_tiled(const AttnArgs& a);
@@ -117,7 +117,7 @@ int attention_decode_chunks(const AttnArgs& a);
 bool attention_decode_qx_ok(const AttnArgs& a, int group_size);
 int64_t attention_partials_floats(const AttnArgs& a, int n_splits);
 void launch_attention_decode(const AttnArgs& a, int n_splits, int keys_per_split, float* partials, unsigned* counters,
-                             const QxOut& qx, cudaStream_t s);
+                             const QxOut& qx, int n_sms, cudaStream_t s);
 // Tensor-core (mma.sync bf16) flash-attention kernel: blocks of 128 query rows (tokens x the heads
 // of a GQA group, which share each K/V tile), K/V double-buffered by cp.async; any batch (tiles
 // mixing sequences take one pass per sequence). head_dim must satisfy attention_prefill_supported();

@@ -594,11 +594,12 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, vo
       default: launch_pdl(q4_quantize_x_kernel<128>, qgrid, 256, 0, s, xp, in, L, codes, meta); break;
     }
   }
-  // 8 warps per tile where 4 would leave most of the GPU's warp slots empty (q/k/v, o, down of an
-  // 8B model; measured on the H200, llama-3-8b 4-bit batch 1 decode: 364.8 / 366.8 tok/s against
-  // 343.5 with 4 warps everywhere and 361.6 with 8 everywhere; the bf16-MMA kernel before this one
-  // showed the same order).
-  const bool wide = m.tiles[m.count] * 4 < int64_t{n_sms} * 16;
+  // 8 warps per tile where the tiles fit one wave of 8-warp blocks (two per SM: o and down of an 8B
+  // model), else 4 (q/k/v, gate/up: 1.45 waves of 8-warp blocks fit one of 4-warp blocks). Measured on
+  // the H200, llama-3-8b 4-bit batch 1 decode: 410.7 / 411.3 tok/s against 406.5 / 405.1 with 8 warps
+  // for q/k/v too (the earlier rule, tiles < 4 x SMs); 4 warps everywhere and 8 everywhere were
+  // slower than either (343.5 / 361.6 against 364.8 with an earlier kernel).
+  const bool wide = m.tiles[m.count] <= int64_t{n_sms} * 2;
   const dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>(L.n_pad / 8));
   const auto* qc = static_cast<const uint4*>(qx);
   const auto* qm = reinterpret_cast<const float4*>(meta);
