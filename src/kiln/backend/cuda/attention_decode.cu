@@ -1,6 +1,7 @@
 // Paged attention, decode (semantics: Backend::attention in backend.h): split-K flash decoding,
 //   grid (token, kv head, split), so a long context or a batch of one still fills the GPU; a block
-//   writes the output (one split) or (m, l, acc[head_dim]) partials that attn_combine_kernel merges.
+//   writes the output (one split) or (m, l, acc[head_dim]) partials, merged by the last block of the
+//   splits to finish (tiled kernel, arrival counters) or by attn_combine_kernel.
 //   K/V rows are read once per GQA group. The tiled kernel (head_dim 64/128/256) is bandwidth-bound:
 //   32-key tiles per warp, lane-per-key scores with 16-byte loads, online softmax, lane-per-dims P·V.
 //   Other head dims (the tiny test models) take the generic kernel: a warp per key, scores kept in
