@@ -275,7 +275,8 @@ TEST_F(CudaQOps, ProducedActivationsFeedTheFourBitGemv) {
       for (int64_t i = 0; i < n; ++i) {
         seqs.ptr<int32_t>()[i] = static_cast<int32_t>(i);
         pos.ptr<int32_t>()[i] = lens[i] - 1;
-        for (int b = 0; b < p.max_blocks; ++b) tables.ptr<int32_t>()[i * p.max_blocks + b] = static_cast<int32_t>(i * p.max_blocks + b);
+        for (int b = 0; b < p.max_blocks; ++b)
+          tables.ptr<int32_t>()[i * p.max_blocks + b] = static_cast<int32_t>(i * p.max_blocks + b);
       }
       const Weight wo = random_qweight(rng, out, 1024, 4, 64, DType::bf16);
       Tensor q = dev({n, 1024}), kc = dev({n * p.max_blocks * 16, 256}), vc = dev({n * p.max_blocks * 16, 256});

@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnA
     float* q_s = smem;
     float* p_w = smem + G * HD + warp * G * kTile;  // this warp's p [G][32]
     const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q) + int64_t{t} * q_width + int64_t{h0} * HD;
-    for (int i = threadIdx.x; i < G * HD; i += kDecodeThreads) q_s[i] = i < ng * HD ? __bfloat162float(q[i]) * a.scale : 0.0f;
+    for (int i = threadIdx.x; i < G * HD; i += kDecodeThreads)
+      q_s[i] = i < ng * HD ? __bfloat162float(q[i]) * a.scale : 0.0f;
     __syncthreads();
 
     const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache);
@@ -216,7 +217,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnA
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int32_t sl = __shfl_sync(0xffffffffu, slot, k0 + u);
-          vr[u] = k0 + u < n_in ? __ldg(reinterpret_cast<const VT*>(vc + int64_t{sl} * kv_width + head_off) + lane) : VT{};
+          vr[u] = k0 + u < n_in ? __ldg(reinterpret_cast<const VT*>(vc + int64_t{sl} * kv_width + head_off) + lane)
+                                : VT{};
         }
       };
 #pragma unroll
@@ -269,7 +271,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_tiled_kernel(AttnA
             const float4 p4 = *reinterpret_cast<const float4*>(p_w + g * kTile + k0 + u);
 #pragma unroll
             for (int i = 0; i < DPL; ++i)
-              acc[g][i] = fmaf(p4.x, vf[0][i], fmaf(p4.y, vf[1][i], fmaf(p4.z, vf[2][i], fmaf(p4.w, vf[3][i], acc[g][i]))));
+              acc[g][i] =
+                  fmaf(p4.x, vf[0][i], fmaf(p4.y, vf[1][i], fmaf(p4.z, vf[2][i], fmaf(p4.w, vf[3][i], acc[g][i]))));
           }
         }
       }
@@ -533,8 +536,8 @@ void launch_decode_tiled(const AttnArgs& a, int n_splits, int kps, float* partia
   // grid leaves most SMs a single block or two anyway (batch-1-like decode).
   const bool vk = HD <= 128 && int64_t{grid.x} * grid.y * grid.z <= 2 * int64_t{n_sms};
   const auto go = [&]<int G>() {
-    if (vk) launch_pdl(attn_decode_tiled_kernel<HD, G, HD <= 128>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
-    else launch_pdl(attn_decode_tiled_kernel<HD, G, false>, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
+    const auto kernel = vk ? attn_decode_tiled_kernel<HD, G, HD <= 128> : attn_decode_tiled_kernel<HD, G, false>;
+    launch_pdl(kernel, grid, kDecodeThreads, 0, s, a, n_splits, kps, partials, counters, qx);
   };
   if (hpc <= 1) go.template operator()<1>();
   else if (hpc <= 2) go.template operator()<2>();

@@ -29,7 +29,8 @@ __global__ void embedding_kernel(const TT* table, int64_t vocab, int64_t dim, co
 // shared with fused.cu's add_rms_norm). K > 0: the row in registers (row_regs); 0: loops. qx.base
 // set (bf16): then y's qx (qx.cuh).
 template <typename XT, typename WT, typename YT, int K>
-__global__ void __launch_bounds__(kRowThreadsMax) rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_plus, int64_t dim, YT* y, QxOut qx) {
+__global__ void __launch_bounds__(kRowThreadsMax)
+    rms_norm_kernel(const XT* x, const WT* w, float eps, bool one_plus, int64_t dim, YT* y, QxOut qx) {
   const int64_t r = blockIdx.x;
   const XT* xr = x + r * dim;
   float ss = 0.0f;

@@ -17,8 +17,8 @@ namespace {
 // so y may alias x or delta. K > 0: the row in registers (row_regs), the weights requested before
 // the previous kernel is waited for; 0: loops. qx.base set (bf16): then y's qx (qx.cuh).
 template <typename XT, typename WT, int K>
-__global__ void __launch_bounds__(kRowThreadsMax) add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y,
-                                    QxOut qx) {
+__global__ void __launch_bounds__(kRowThreadsMax)
+    add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y, QxOut qx) {
   pdl_trigger();
   const int64_t r = blockIdx.x;
   XT* xr = x + r * dim;
