@@ -9,7 +9,9 @@
 #          tokens (float and quantized), engine graphs/allocations, device sampling
 #   micro  the machine's ceilings and the GEMV micro-benchmark (one decode step's projections)
 #   prep   `kiln synth` llama-3-8b and qwen2.5-7b (bf16) and `kiln convert -q --q-bits 4 --q-group-size 64`
-#          of llama-3-8b into $KILN_BENCH_MODELS (default /tmp/kiln-bench-models; kept while the machine is)
+#          of llama-3-8b into $KILN_BENCH_MODELS (default /tmp/kiln-bench-models; kept while the machine is,
+#          which is ~30 s after a call: most calls start a fresh one)
+#   prepq  the same without qwen2.5-7b (all that q4perf needs)
 #   perf   on those folders: prefill at 2048 and decode at batch 1-128 (bf16), 1-8 (4-bit), with graph and
 #          allocation counts; per-op profiles; the CUDA-graph PyTorch peer for both shapes in the same run
 #   q4perf on those folders: the 4-bit model (prefill 2048, decode batch 1/4/8) beside bf16 batch 1, and
@@ -35,9 +37,11 @@ el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 status=0
 want() { for w in "$@"; do [ "$what" = "$w" ] && return 0; done; return 1; }
-if want prep first; then  # CPU-bound: in the background while the GPU runs the tests
+if want prep prepq first; then  # CPU-bound: in the background while the GPU runs the tests
   mkdir -p "$M"
-  ( for sh in llama-3-8b qwen2.5-7b; do
+  shapes="llama-3-8b qwen2.5-7b"
+  [ "$what" = prepq ] && shapes=llama-3-8b
+  ( for sh in $shapes; do
       [ -f "$M/$sh/config.json" ] || kl "$X/bin/kiln" synth --shape $sh --out "$M/$sh" --dtype bf16 --force
     done && el "synth done" &&
     kl "$X/bin/kiln" convert --hf-path "$M/llama-3-8b" --mlx-path "$M/llama-3-8b-q4" -q --q-bits 4 \
