@@ -193,7 +193,6 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
   Tensor xb = bf16_input(be, im, x);
   const QxSidecar* sc = qx_sidecar(xb, n, m.w[0].in, m.w[0].group_size);
   Tensor qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, m.w[0].in, m.w[0].group_size));
-  for (Tensor* y : ys) y->sidecar.reset();
   if (im.skip()) return true;
   ProfScope ps(im, "matmul (qgemv)");
   launch_qgemv_multi(xb.data, n, m, im.n_sms, qx.data, sc != nullptr, im.stream);
@@ -208,7 +207,6 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
   if (n == 0) return;
   Tensor xb = bf16_input(be, im, x);
   const Dt ydt = dt_of(y, "matmul", "y");
-  y.sidecar.reset();
   if (n <= qgemv_max_tokens(w.bits)) {
     Tensor qx;  // the tiled 4-bit kernel's quantized activations: x's own (sidecar) or made here
     const QxSidecar* sc = q.args.pairs ? qx_sidecar(xb, n, in, w.group_size) : nullptr;
