@@ -236,26 +236,13 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
     launch_attention_prefill(a, im.stream);
     return;
   }
-  // Split-K, from host-known sizes only. Keys visible to a token are at most max_keys =
-  // max_blocks * block_size (the engine rounds max_blocks up to a power of two of the batch's
-  // longest table, so this is within 2x of the real context) or the window. With at least two
-  // blocks per SM from (token, kv head) alone (batch 128 x 8 kv heads = 1024 blocks), one split:
-  // the partials' round trip and the combine launch would cost more than they balance. Otherwise
-  // enough splits for ~2 blocks per SM, each of 128..1024 keys (128: one 32-key tile per warp of
-  // the tiled kernel; 1024 keeps long contexts spread); empty splits exit at once. The generic
-  // kernel (odd head dims) needs <= 1024 keys per split in every case.
+  // Keys visible to a token are at most max_keys = max_blocks * block_size (the engine rounds
+  // max_blocks up to a power of two of the batch's longest table, so this is within 2x of the real
+  // context) or the window.
   int64_t max_keys = int64_t{p.max_blocks} * p.block_size;
   if (p.window > 0) max_keys = std::min<int64_t>(max_keys, p.window);
-  const int64_t blocks = std::max<int64_t>(1, n * p.n_kv_heads), target = 2 * int64_t{im.n_sms};
-  int64_t kps = max_keys;
-  if (blocks < target) {
-    const int64_t want = (target + blocks - 1) / blocks;
-    kps = std::clamp<int64_t>(((max_keys + want - 1) / want + 127) / 128 * 128, 128, 1024);
-  } else if (!attention_decode_tiled(a)) {
-    kps = std::min<int64_t>(kps, kAttnGenericMaxKeysPerSplit);
-  }
-  kps = std::max<int64_t>(32, (kps + 31) / 32 * 32);
-  const int64_t splits = (max_keys + kps - 1) / kps;
+  const AttnDecodePlan plan = attention_decode_plan(a, max_keys, im.n_sms);
+  const int64_t splits = plan.n_splits;
   Tensor partials;
   if (splits > 1) partials = alloc(DType::f32, {attention_partials_floats(a, static_cast<int>(splits))});
   // The tiled kernel's last block per (token, kv head chunk) merges the splits (no combine launch)
@@ -270,8 +257,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
     qx = im.qx_output(out);
   if (im.skip() || n == 0) return;
   ProfScope ps(im, "attention (decode)");
-  launch_attention_decode(a, static_cast<int>(splits), static_cast<int>(kps),
-                          splits > 1 ? partials.ptr<float>() : nullptr, counters, qx, im.n_sms, im.stream);
+  launch_attention_decode(a, plan, splits > 1 ? partials.ptr<float>() : nullptr, counters, qx, im.stream);
 }
 
 void CudaBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {

@@ -109,15 +109,23 @@ struct AttnArgs {
 // (group <= 16, head_dim <= 256). attention_decode_tiled(a): the fast tiled kernel runs (head_dim
 // 64/128/256, 16-byte aligned caches), any keys_per_split; otherwise the generic kernel runs, which
 // needs keys_per_split <= kAttnGenericMaxKeysPerSplit. qx.base (tiled kernel, one split or counters,
-// attention_decode_qx_ok): out's qx (QxOut) is written too. n_sms: the device's multiprocessors.
+// attention_decode_qx_ok): out's qx (QxOut) is written too.
 constexpr int kAttnGenericMaxKeysPerSplit = 1024;
 constexpr int kAttnFusedMaxSplits = 64;
 bool attention_decode_tiled(const AttnArgs& a);
 int attention_decode_chunks(const AttnArgs& a);
 bool attention_decode_qx_ok(const AttnArgs& a, int group_size);
 int64_t attention_partials_floats(const AttnArgs& a, int n_splits);
-void launch_attention_decode(const AttnArgs& a, int n_splits, int keys_per_split, float* partials, unsigned* counters,
-                             const QxOut& qx, int n_sms, cudaStream_t s);
+// The split-K plan of a decode launch, from host-known sizes only (a graph replays the same choice):
+// max_keys bounds the keys any token sees. latency: the tiled kernel's latency form (grids of at most
+// one block per SM; attention_decode.cu says how the plan is chosen).
+struct AttnDecodePlan {
+  int n_splits, keys_per_split;
+  bool latency;
+};
+AttnDecodePlan attention_decode_plan(const AttnArgs& a, int64_t max_keys, int n_sms);
+void launch_attention_decode(const AttnArgs& a, const AttnDecodePlan& plan, float* partials, unsigned* counters,
+                             const QxOut& qx, cudaStream_t s);
 // Tensor-core (mma.sync bf16) flash-attention kernel: blocks of 128 query rows (tokens x the heads
 // of a GQA group, which share each K/V tile), K/V double-buffered by cp.async; any batch (tiles
 // mixing sequences take one pass per sequence). head_dim must satisfy attention_prefill_supported();
