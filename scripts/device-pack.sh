@@ -6,9 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/device-lib.sh
-carry_pack .devcarry "${1:-build-cuda}" yes kiln tests/cuda_ops_test tests/cuda_qops_test tests/cuda_models_test \
+build=${1:-build-cuda}
+trace=()  # the kernel tracer, where the build found CUPTI
+[ -f "$build/bench/libkiln_kernel_trace.so" ] && trace=(bench/libkiln_kernel_trace.so)
+carry_pack .devcarry "$build" yes kiln tests/cuda_ops_test tests/cuda_qops_test tests/cuda_models_test \
   tests/cuda_quantized_model_test tests/cuda_engine_test tests/cuda_sampling_test bench/model_bench \
-  bench/cuda_ceiling_bench bench/cuda_qgemv_bench bench/cuda_attn_bench
+  bench/cuda_ceiling_bench bench/cuda_qgemv_bench bench/cuda_attn_bench "${trace[@]}"
 # Every model (the greedy test runs them all) and the PyTorch peers.
 cp -r ../shared/models/. .devcarry/shared/models/
 cp -r ../shared/bench .devcarry/shared/bench

@@ -16,6 +16,9 @@
 #          allocation counts; per-op profiles; the CUDA-graph PyTorch peer for both shapes in the same run
 #   q4perf on those folders: the 4-bit model (prefill 2048, decode batch 1/4/8) beside bf16 batch 1, and
 #          the 4-bit per-op profile (a shorter perf for quantized-kernel work)
+#   trace  prepq, then a kernel timeline of batch-1 decode (4-bit and bf16 llama-3-8b) under CUDA graphs:
+#          bench/kernel_trace.cpp preloaded into model_bench, bench/kernel_timeline.py's summary of one step
+#          (each kernel's exposed time); the traces come back as $OUT/trace_*.csv.xz
 #   first  tests + micro + prep (one call);  second  perf (the next call, on the still-warm machine)
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
@@ -37,10 +40,10 @@ el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 status=0
 want() { for w in "$@"; do [ "$what" = "$w" ] && return 0; done; return 1; }
-if want prep prepq first; then  # CPU-bound: in the background while the GPU runs the tests
+if want prep prepq first trace; then  # CPU-bound: in the background while the GPU runs the tests
   mkdir -p "$M"
   shapes="llama-3-8b qwen2.5-7b"
-  [ "$what" = prepq ] && shapes=llama-3-8b
+  [ "$what" = prep ] || [ "$what" = first ] || shapes=llama-3-8b
   ( for sh in $shapes; do
       [ -f "$M/$sh/config.json" ] || kl "$X/bin/kiln" synth --shape $sh --out "$M/$sh" --dtype bf16 --force
     done && el "synth done" &&
@@ -114,6 +117,15 @@ if want q4perf; then
   KILN_CUDA_PROFILE=1 kl timeout 90 "$X/bin/model_bench" --device cuda --model "$M/llama-3-8b-q4" --repeat 1 \
     --plan 1:128:33 > /dev/null 2> "$OUT/profile_q4.txt"
   grep -E "%" "$OUT/profile_q4.txt" | tail -n 24
+fi
+if want trace; then
+  for m in llama-3-8b-q4 llama-3-8b; do
+    el "=== kernel timeline, $m batch 1"
+    KILN_KERNEL_TRACE=$OUT/trace_$m.csv LD_PRELOAD=$X/bin/libkiln_kernel_trace.so kl timeout 100 "$X/bin/model_bench" \
+      --device cuda --model "$M/$m" --repeat 1 --plan 1:128:12 > /dev/null 2> "$OUT/trace_$m.err" || status=1
+    python3 bench/kernel_timeline.py "$OUT/trace_$m.csv" --first 12 || status=1
+    xz -f "$OUT/trace_$m.csv"
+  done
 fi
 if [ "$what" = bench ]; then
   # All raw files in /tmp/bench; the ones that matter come back in $OUT (the tool's limit).
