@@ -364,6 +364,14 @@ TEST_F(CudaAttention, DecodeGroupsAndBatches) {
       check(rng, {{200, 1}}, gqa, hd, 0, 0.0f, 16, false, 4);
       check(rng, batch128, gqa, hd, gqa == 7 ? 20 : 0, gqa == 8 ? 30.0f : 0.0f, 16, true, 4);
     }
+  // Small batches where a sequence brings several query tokens (speculative verification, a prompt's
+  // last chunk): the latency form (grids of <= 1 block per SM) requests the keys before the
+  // sequence's first position in the step ahead of the PDL wait, the others after it.
+  for (int hd : {64, 128}) {
+    SCOPED_TRACE(fmt::format("several tokens per sequence, head_dim={}", hd));
+    check(rng, {{150, 5}, {60, 3}, {1, 1}}, 4, hd, 0, 0.0f, 16, true);
+    check(rng, {{150, 5}, {60, 3}}, 8, hd, 37, 30.0f, 16, false);
+  }
   // Batch 1 deep into a long context with a window and softcap: splits start at pos - window + 1,
   // the last one partly filled; blocks of 32 rows.
   for (int hd : {128, 256}) {
