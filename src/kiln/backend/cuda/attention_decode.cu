@@ -667,7 +667,7 @@ AttnDecodePlan attention_decode_plan(const AttnArgs& a, int64_t max_keys, int n_
     const int64_t want = (target + blocks - 1) / blocks, even = (max_keys + want - 1) / want;
     return std::clamp<int64_t>((even + step - 1) / step * step, step, 1024);
   };
-  AttnDecodePlan plan{1, static_cast<int>(max_keys), false};
+  AttnDecodePlan plan{};
   int64_t kps = max_keys;
   if (blocks < target) {
     kps = split_in(256);
