@@ -9,6 +9,7 @@ late step, not the last). --first prints that many kernels of the step (default 
 import argparse
 import collections
 import re
+import signal
 
 KINDS = ["qgemv4_tc", "gemv_fast", "gemv", "add_rms_norm", "rms_norm", "rope_kv", "attn_decode_tiled",
          "attn_decode", "attn_combine", "attn_prefill", "gated_act", "q4_quantize", "argmax", "embed",
@@ -28,6 +29,7 @@ def kind(name):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--first", type=int, default=24)
