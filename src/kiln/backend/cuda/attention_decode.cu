@@ -25,9 +25,14 @@ constexpr int kMaxHeadDim = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// The cache slot (block * block_size + offset) of key j of sequence seq, from its block table.
+__device__ __forceinline__ int32_t table_slot(const AttnArgs& a, int seq, int64_t j) {
+  return a.block_tables[int64_t{seq} * a.max_blocks + j / a.block_size] * a.block_size +
+         static_cast<int32_t>(j % a.block_size);
+}
+// Key j's row offset (in elements) in the caches.
 __device__ __forceinline__ int64_t cache_row(const AttnArgs& a, int seq, int64_t j) {
-  const int32_t blk = a.block_tables[int64_t{seq} * a.max_blocks + j / a.block_size];
-  return (int64_t{blk} * a.block_size + j % a.block_size) * (int64_t{a.n_kv_heads} * a.head_dim);
+  return int64_t{table_slot(a, seq, j)} * (int64_t{a.n_kv_heads} * a.head_dim);
 }
 
 __device__ __forceinline__ float cap_score(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
@@ -104,17 +109,14 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int kps) 
 // The cache slot (block * block_size + offset) of key i of the split; 0 past its keys. Block
 // tables are step inputs, uploaded before the step's first kernel: readable before pdl_wait.
 __device__ __forceinline__ int32_t key_slot(const AttnArgs& a, const SplitRange& r, int i) {
-  if (i >= r.nk) return 0;
-  const int64_t j = r.j0 + i;
-  return a.block_tables[int64_t{r.seq} * a.max_blocks + j / a.block_size] * a.block_size +
-         static_cast<int32_t>(j % a.block_size);
+  return i < r.nk ? table_slot(a, r.seq, r.j0 + i) : 0;
 }
 
-// An empty split (the context is shorter than the grid allows for): a partial the merge skips (one
-// split is never empty).
-__device__ __forceinline__ void empty_split(const AttnArgs& a, float* partials, int n_splits, const DecodeBlock& b) {
-  for (int g = threadIdx.x; g < b.ng; g += blockDim.x) {
-    float* pp = partial_of(a, partials, n_splits, b.t, b.h0 + g, blockIdx.z);
+// An empty split (the context is shorter than the grid allows for) of token t, heads h0 + [0, ng):
+// partials the merge skips (one split is never empty).
+__device__ __forceinline__ void empty_split(const AttnArgs& a, float* partials, int n_splits, int t, int h0, int ng) {
+  for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+    float* pp = partial_of(a, partials, n_splits, t, h0 + g, blockIdx.z);
     pp[0] = -INFINITY;
     pp[1] = 0.0f;
   }
@@ -295,7 +297,7 @@ __global__ void __launch_bounds__(LAT ? 256 : kDecodeThreads, LAT || HD > 128 ? 
   pdl_wait();  // q and the current token's K/V come from rope_kv_write (launched with launch_pdl)
 
   if (r.nk == 0) {
-    empty_split(a, partials, n_splits, b);
+    empty_split(a, partials, n_splits, t, h0, ng);
   } else {
     if (LAT && warp * kTile < r.nk) load_tile(warp, next_slot, stable, INT64_MAX);  // this step's keys
     float* q_s = smem;
@@ -468,13 +470,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
   const int64_t j0 = r.j0;
   const int64_t q_width = int64_t{a.n_heads} * hd;
 
-  if (nk == 0) {  // an empty split (the context is shorter than the grid allows for)
-    if (n_splits > 1)
-      for (int i = threadIdx.x; i < group; i += blockDim.x) {
-        float* pp = partial_of(a, partials, n_splits, t, kvh * group + i, split);
-        pp[0] = -INFINITY;
-        pp[1] = 0.0f;
-      }
+  if (nk == 0) {
+    if (n_splits > 1) empty_split(a, partials, n_splits, t, kvh * group, group);
     return;
   }
 
