@@ -230,6 +230,7 @@ __device__ __forceinline__ int64_t stable_keys(const AttnArgs& a, int t) {
 template <int HD, int G, bool LAT>
 __global__ void __launch_bounds__(LAT ? 256 : kDecodeThreads, LAT || HD > 128 ? 1 : G > 4 ? 3 : 4)
     attn_decode_tiled_kernel(AttnArgs a, int n_splits, int kps, float* partials, unsigned* counters, QxOut qx) {
+  KILN_STAMP_SCOPE(kStampAttnTiled);
   pdl_trigger();
   static_assert(!LAT || HD <= 128, "the latency form holds a whole K row per lane");
   constexpr int W = LAT ? 8 : kDecodeWarps;    // warps per block
@@ -411,6 +412,7 @@ __global__ void __launch_bounds__(LAT ? 256 : kDecodeThreads, LAT || HD > 128 ? 
     // Merge the warps: M = max_w m_w, L = Σ_w l_w 2^(m_w - M), o[d] = Σ_w acc_w[d] 2^(m_w - M).
 #pragma unroll
     for (int g = 0; g < G; ++g) l[g] = warp_sum(l[g]);
+    KILN_STAMP(2);    // a probe build's stamp: warp 0's tiles done
     __syncthreads();  // every warp is done with q_s / p_s, which the merge buffers reuse
     float* acc_s = smem;
     float* m_s = smem + W * G * HD;
@@ -456,6 +458,7 @@ __global__ void __launch_bounds__(LAT ? 256 : kDecodeThreads, LAT || HD > 128 ? 
 // ---- decode, generic (any head_dim <= 256, e.g. the tiny test models' 8/16/32): a warp per key.
 // Dynamic shared memory: q_s [group][hd] f32, p_s [group][kps] f32, row_s [kps] int64.
 __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a, int n_splits, int kps, float* partials) {
+  KILN_STAMP_SCOPE(kStampAttnDecode);
   extern __shared__ float smem[];
   const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
@@ -552,6 +555,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
 // whose acc is never read.
 constexpr int kCombineThreads = 128;
 __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(AttnArgs a, int n_splits, const float* partials) {
+  KILN_STAMP_SCOPE(kStampAttnCombine);
   pdl_trigger();
   pdl_wait();
   extern __shared__ float w_s[];

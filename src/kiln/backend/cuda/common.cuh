@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kiln/backend/cuda/kernels.h"
+#include "kiln/backend/cuda/stamps.cuh"
 
 namespace kiln::backend::cuda {
 
@@ -92,7 +93,10 @@ void dispatch(Dt dt, F&& f) {
 // earlier kernel wrote and before it writes anything (buffers are reused across ops); only reads of
 // weights may come before pdl_wait(). pdl_wait() waits for the previous grid's completion and memory
 // flush; without a programmatic dependency (a plain launch, another predecessor) it returns at once.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  KILN_STAMP(1);  // a probe build's stamp: released (stamps.cuh)
+}
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // False when KILN_CUDA_PDL=0: launch_pdl then launches plainly (for comparisons; elementwise.cu).

@@ -72,6 +72,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   im.profile = prof && std::strcmp(prof, "0") != 0;
   const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
   im.graphs_enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !im.profile;
+  stamps_start();
 }
 
 CudaBackend::~CudaBackend() {

@@ -104,6 +104,7 @@ __global__ void gated_act_kernel(const T* g, const T* u, int act, int64_t n, T* 
 template <int GS>
 __global__ void gated_act_qx_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, int act, int64_t cols, QxOut q,
                                     __nv_bfloat16* o) {
+  KILN_STAMP_SCOPE(kStampGatedAct);
   pdl_trigger();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= q.L.n * q.L.units * 8) return;  // whole warps

@@ -19,6 +19,7 @@ namespace {
 template <typename XT, typename WT, int K>
 __global__ void __launch_bounds__(kRowThreadsMax)
     add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y, QxOut qx) {
+  KILN_STAMP_SCOPE(kStampAddRmsNorm);
   pdl_trigger();
   const int64_t r = blockIdx.x;
   XT* xr = x + r * dim;
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(kRowThreadsMax)
       ss = sq_acc(ss, to_f(v[k]));
     }
     ss = block_sum(ss);
+    KILN_STAMP(2);  // a probe build's stamp: the sum of squares known
     rms_norm_store_regs(v, wv, ss, eps, one_plus, dim, y + r * dim, qx.base ? row_s<XT>() : nullptr);
   }
   if constexpr (std::is_same_v<XT, __nv_bfloat16>) {
@@ -66,6 +68,7 @@ __global__ void __launch_bounds__(kRowThreadsMax)
 // SMs instead of queueing on one. No item reads what another writes.
 template <typename T>
 __global__ void rope_kv_write_kernel(RopeKvArgs a) {
+  KILN_STAMP_SCOPE(kStampRopeKv);
   pdl_trigger();
   pdl_wait();  // q, k, v come from the GEMV before (launched with launch_pdl)
   const int64_t t = blockIdx.x, y = blockIdx.y;

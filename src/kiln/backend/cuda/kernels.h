@@ -213,4 +213,8 @@ struct MoeExpertsArgs {
 };
 void launch_moe_experts(const MoeExpertsArgs& a, cudaStream_t s);
 
+// A probe build's per-block timestamps (stamps.cuh): with KILN_CUDA_STAMPS=FILE set, allocates the
+// records and arranges their write at exit. Does nothing in other builds.
+void stamps_start();
+
 }  // namespace kiln::backend::cuda

@@ -401,6 +401,7 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 template <int GS>
 __global__ void q4_quantize_x_kernel(const __nv_bfloat16* __restrict__ x, int64_t in, QxLayout L,
                                      uint32_t* __restrict__ codes, float2* __restrict__ meta) {
+  KILN_STAMP_SCOPE(kStampQuantizeX);
   pdl_trigger();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= L.n * L.units * 8) return;  // whole warps (units * 8 is a multiple of 32)
@@ -444,6 +445,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* 
   constexpr int PW = GPQ * (sizeof(ST) == 4 ? 2 : 1);  // pair words per row and quad
   constexpr uint32_t kLow = 0x0F0F0F0Fu;
   __shared__ float red[W][16][8];
+  KILN_STAMP_SCOPE(kStampQGemv4);
   pdl_trigger();
   int mi = 0;  // the matrix of this tile
   while (mi + 1 < m.count && static_cast<int64_t>(blockIdx.x) >= m.tiles[mi + 1]) ++mi;
@@ -501,6 +503,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* 
       }
     }
   }
+  KILN_STAMP(2);  // a probe build's stamp: warp 0 done with its K range
   pdl_wait();  // before any store (warps without a K range have not waited yet)
   red[warp][g][2 * t] = acc[0];
   red[warp][g][2 * t + 1] = acc[1];
