@@ -59,7 +59,8 @@ __device__ __forceinline__ float* partial_of(const AttnArgs& a, float* partials,
 
 // ---- decode, tiled (head_dim 64/128/256): bandwidth-bound split-K flash decoding.
 // grid (token, kv head x head chunk, split), 4 warps. A block owns query heads h0 + [0, ng) of one
-// kv head (the whole GQA group, or a chunk of it when the group exceeds 8) and keys j0 + [0, nk).
+// kv head (the whole GQA group, or a chunk of it: groups over 8, and in the latency form as many
+// chunks as fit one wave; attention_decode_plan) and keys j0 + [0, nk).
 // Warp w takes the 32-key tiles w, w+4, ...; per tile:
 //   scores: lane i scores key i with its whole K row in flight (16-byte loads, <= 128 dims a round),
 //           against q [G][HD] f32 in shared memory (same address for all lanes: broadcast reads);
@@ -603,14 +604,10 @@ int64_t attention_partials_floats(const AttnArgs& a, int n_splits) {
   return int64_t{a.n_tokens} * a.n_heads * n_splits * (a.head_dim + 2);
 }
 
-int attention_decode_chunks(const AttnArgs& a) {
-  return (a.n_heads / a.n_kv_heads + kTiledMaxGroup - 1) / kTiledMaxGroup;
-}
-
 // Every block's columns are whole groups and whole warps of 4-value slots: equal chunks of heads
 // whose width is a multiple of 128 (and of the group size).
-bool attention_decode_qx_ok(const AttnArgs& a, int group_size) {
-  const int group = a.n_heads / a.n_kv_heads, chunks = attention_decode_chunks(a), hpc = group / chunks;
+bool attention_decode_qx_ok(const AttnArgs& a, int chunks, int group_size) {
+  const int group = a.n_heads / a.n_kv_heads, hpc = group / chunks;
   return attention_decode_tiled(a) && group % chunks == 0 && hpc * a.head_dim % 128 == 0 &&
          a.head_dim % group_size == 0;
 }
@@ -622,14 +619,14 @@ bool attention_decode_tiled(const AttnArgs& a) {
 
 namespace {
 
-// The GQA group runs in ceil(group / 8) near-equal chunks of heads (one for every group <= 8);
-// the kernel's G is the next power of two >= the chunk (its extra heads have zero q and are not
-// written). The kernel derives the same chunking from gridDim.y.
+// The GQA group runs in the plan's near-equal chunks of heads; the kernel's G is the next power of
+// two >= the chunk (its extra heads have zero q and are not written). The kernel derives the same
+// chunking from gridDim.y.
 template <int HD>
 void launch_decode_tiled(const AttnArgs& a, const AttnDecodePlan& plan, float* partials, unsigned* counters,
                          const QxOut& qx, cudaStream_t s) {
   const int group = a.n_heads / a.n_kv_heads;
-  const int n_chunks = attention_decode_chunks(a);
+  const int n_chunks = plan.chunks;
   const int hpc = (group + n_chunks - 1) / n_chunks;
   const dim3 grid(a.n_tokens, a.n_kv_heads * n_chunks, plan.n_splits);
   const auto go = [&]<int G>() {
@@ -657,7 +654,13 @@ void launch_decode_tiled(const AttnArgs& a, const AttnDecodePlan& plan, float* p
 //  - the latency form where its grid then fits one wave of one block per SM (head_dim <= 128; ~230
 //    registers x 256 threads): splits of 256..1024 keys, 256 being one 32-key tile per warp, so a
 //    batch-1 step at a 150-token context runs one split, without partials or merge (batch 32 of an 8B
-//    model, 256 such blocks in two waves, fell from 5,489 to 5,082 tok/s before the one-wave rule);
+//    model, 256 such blocks in two waves, fell from 5,489 to 5,082 tok/s before the one-wave rule).
+//    Its GQA group is then cut into as many equal chunks of heads as still fit that wave (llama-3-8b
+//    at batch 1: a block per query head, 32 blocks, instead of one per kv head): each warp's chain of
+//    dependent score and P·V instructions is that much shorter, and the kernel is bound by that
+//    chain, not by the K/V bytes (re-read from L2 per chunk). H200, llama-3-8b 4-bit batch 1: the
+//    attention's time after its release 9.3 -> 6.6 us per layer (bench/stamp_timeline.py), 424.4
+//    against 412.5 tok/s (medians of 5 alternating runs, BENCHMARKS.md);
 //  - else splits of 128..1024 keys (128: a tile per warp of 4); 1024 keeps long contexts spread.
 // The generic kernel (odd head dims) needs <= 1024 keys per split in every case.
 AttnDecodePlan attention_decode_plan(const AttnArgs& a, int64_t max_keys, int n_sms) {
@@ -668,13 +671,24 @@ AttnDecodePlan attention_decode_plan(const AttnArgs& a, int64_t max_keys, int n_
     const int64_t want = (target + blocks - 1) / blocks, even = (max_keys + want - 1) / want;
     return std::clamp<int64_t>((even + step - 1) / step * step, step, 1024);
   };
+  const int group = a.n_heads / a.n_kv_heads;
   AttnDecodePlan plan{};
+  plan.chunks = (group + kTiledMaxGroup - 1) / kTiledMaxGroup;
   int64_t kps = max_keys;
   if (blocks < target) {
     kps = split_in(256);
-    const int64_t grid = blocks * attention_decode_chunks(a) * ((max_keys + kps - 1) / kps);
+    const int64_t grid = blocks * plan.chunks * ((max_keys + kps - 1) / kps);
     plan.latency = tiled && a.head_dim <= 128 && grid <= n_sms;
     if (!plan.latency) kps = split_in(128);
+    // The most equal chunks that keep the grid one wave and whole 128-column blocks of the output
+    // (attention_decode_qx_ok: the block then also writes the o projection's quantized input).
+    if (plan.latency) {
+      for (int c = group; c > plan.chunks; --c)
+        if (group % c == 0 && group / c * a.head_dim % 128 == 0 && grid / plan.chunks * c <= n_sms) {
+          plan.chunks = c;
+          break;
+        }
+    }
   } else if (!tiled) {
     kps = std::min<int64_t>(kps, kAttnGenericMaxKeysPerSplit);
   }

@@ -249,11 +249,11 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   // and, decoding for 4-bit weights, writes the o projection's quantized input (qx_output).
   const bool tiled = attention_decode_tiled(a);
   unsigned* counters = tiled && splits > 1 && splits <= kAttnFusedMaxSplits &&
-                               n * p.n_kv_heads * attention_decode_chunks(a) <= im.attn_counters_n
+                               n * p.n_kv_heads * plan.chunks <= im.attn_counters_n
                            ? im.attn_counters
                            : nullptr;
   QxOut qx;
-  if (tiled && (splits == 1 || counters) && im.q4_group > 0 && attention_decode_qx_ok(a, im.q4_group))
+  if (tiled && (splits == 1 || counters) && im.q4_group > 0 && attention_decode_qx_ok(a, plan.chunks, im.q4_group))
     qx = im.qx_output(out);
   if (im.skip() || n == 0) return;
   ProfScope ps(im, "attention (decode)");

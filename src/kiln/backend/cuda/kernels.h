@@ -102,7 +102,7 @@ struct AttnArgs {
 };
 // Split-K decode kernel: one block per (token, kv head, split) scores its key range [lo + split *
 // keys_per_split, +keys_per_split) for all heads of the GQA group (the tiled kernel: for a chunk of
-// them, attention_decode_chunks(a) chunks per kv head); the splits are merged by a combine kernel or,
+// them, the plan's `chunks` per kv head); the splits are merged by a combine kernel or,
 // with `counters` (tiled kernel, n_splits <= kAttnFusedMaxSplits), by the last block of each (token,
 // kv head chunk) to finish: counters is [n_tokens][n_kv_heads * chunks] zeros, and is left zero.
 // `n_splits` > 1 needs `partials` (f32, attention_partials_floats(...) of them). Works for any shape
@@ -113,15 +113,16 @@ struct AttnArgs {
 constexpr int kAttnGenericMaxKeysPerSplit = 1024;
 constexpr int kAttnFusedMaxSplits = 64;
 bool attention_decode_tiled(const AttnArgs& a);
-int attention_decode_chunks(const AttnArgs& a);
-bool attention_decode_qx_ok(const AttnArgs& a, int group_size);
+bool attention_decode_qx_ok(const AttnArgs& a, int chunks, int group_size);
 int64_t attention_partials_floats(const AttnArgs& a, int n_splits);
 // The split-K plan of a decode launch, from host-known sizes only (a graph replays the same choice):
 // max_keys bounds the keys any token sees. latency: the tiled kernel's latency form (grids of at most
-// one block per SM; attention_decode.cu says how the plan is chosen).
+// one block per SM; attention_decode.cu says how the plan is chosen). chunks: the tiled kernel's
+// blocks per (token, kv head, split), each a near-equal chunk of the GQA group's query heads.
 struct AttnDecodePlan {
   int n_splits, keys_per_split;
   bool latency;
+  int chunks;
 };
 AttnDecodePlan attention_decode_plan(const AttnArgs& a, int64_t max_keys, int n_sms);
 void launch_attention_decode(const AttnArgs& a, const AttnDecodePlan& plan, float* partials, unsigned* counters,
