@@ -3,17 +3,17 @@
 
 Usage: stamp_timeline.py STAMPS.bin [--skip N] [--blocks LABEL]
 The file holds one 48-byte record per block: site, block, grid, SM, then %globaltimer (ns) at entry,
-release from its first PDL wait, a kernel-chosen mark (the GEMV: warp 0's K range done) and exit.
+release from its first PDL wait, a kernel-chosen mark (stamps.cuh lists them) and exit.
 Launches are runs of records of one site and grid in release order (a dependent kernel's blocks are
 released only after its predecessor's last block ended); steps are split where releases pause > 30 us.
 Decode steps of one model repeat the same launch sequence (a prefill's stamped kernels, between long
 unstamped GEMMs, make "steps" of one launch: only steps of 8 or more launches count); the first N of
-those are skipped (default 3: warm-up). For each launch label (GEMVs named by their place in the layer) it prints means
-over the measured steps, in us:
+those are skipped (default 3: warm-up). For each launch label (GEMVs named by their place in the
+layer) it prints means over the measured steps, in us:
   handoff  first release minus the previous launch's last exit (completion, flush, release)
   rel      last release minus first release          lead   first release minus first entry
   work     last exit minus first release             late   blocks that entered after the first release
-  mark     the GEMV's warp-0 mark minus its release, mean over blocks
+  mark     the kernel's mark minus the first release, mean over blocks
 and the sum of handoff + work per step (the step's length as these kernels see it)."""
 import argparse
 import collections

@@ -58,9 +58,9 @@ __device__ __forceinline__ unsigned long long stamp_now() {
   return t;
 }
 __device__ __forceinline__ bool stamp_thread() { return threadIdx.x == 0; }  // the kernels' blocks are 1-D
-// Thread 0's stamps of this block: t[0..3], then the record's index (or ~0 when off or full).
+// Thread 0's stamps of this block: entry, marks 1 and 2, then the record's index (~0: off or full).
 __device__ __forceinline__ unsigned long long* stamp_shared() {
-  __shared__ unsigned long long s[5];
+  __shared__ unsigned long long s[4];
   return s;
 }
 // Marks keep the timer's low 32 bits, the earliest by a shared-memory atomic min (a 64-bit
@@ -85,23 +85,23 @@ struct StampScope {
     unsigned long long* s = stamp_shared();
     s[0] = stamp_now();
     s[1] = s[2] = 0xffffffffull;  // the marks' atomic min (low 32 bits)
-    s[4] = ~0ull;
+    s[3] = ~0ull;
     if (g_stamps.rec) {
       unsigned sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
       const unsigned i = atomicAdd(g_stamps.count + sm, 1u);
-      if (i < g_stamps.per_sm) s[4] = static_cast<unsigned long long>(sm) * g_stamps.per_sm + i;
+      if (i < g_stamps.per_sm) s[3] = static_cast<unsigned long long>(sm) * g_stamps.per_sm + i;
     }
   }
   __device__ ~StampScope() {
     if (!stamp_thread()) return;
     const unsigned long long* s = stamp_shared();
-    if (s[4] == ~0ull) return;
-    StampRec& r = g_stamps.rec[s[4]];
+    if (s[3] == ~0ull) return;
+    StampRec& r = g_stamps.rec[s[3]];
     r.site = site;
     r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     r.grid = gridDim.x * gridDim.y * gridDim.z;
-    r.smid = static_cast<uint32_t>(s[4] / g_stamps.per_sm);
+    r.smid = static_cast<uint32_t>(s[3] / g_stamps.per_sm);
     r.t[0] = s[0];
     r.t[1] = stamp_widen(s[0], s[1]);
     r.t[2] = stamp_widen(s[0], s[2]);
