@@ -121,6 +121,15 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+// Block b of pf.blocks: its share of the 128-byte lines of every range of pf, requested into L2
+// (prefetch.global.L2: nothing waits for the lines). 32 KB bulk prefetches (cp.async.bulk.prefetch)
+// instead cut H200 decode to a quarter: the issuing blocks stalled the kernel.
+__device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf, int64_t b) {
+  const int64_t stride = int64_t{pf.blocks} * blockDim.x * 128, first = (b * blockDim.x + threadIdx.x) * 128;
+  for (int r = 0; r < pf.n; ++r)
+    for (int64_t o = first; o < pf.bytes[r]; o += stride) asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.p[r] + o));
+}
+
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
   int64_t g = (n + threads - 1) / threads;
   return static_cast<unsigned>(g < 1 ? 1 : (g > cap ? cap : g));

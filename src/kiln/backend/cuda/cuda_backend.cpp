@@ -1,6 +1,7 @@
 // CudaBackend buffers and step machinery: persistent allocations (weights, KV cache), the
 // per-step arena, pinned staging for uploads and downloads, CUDA-graph capture/replay of decode
 // steps, the weight residency map (host address -> device copy) and op profiling.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -72,7 +73,25 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   im.profile = prof && std::strcmp(prof, "0") != 0;
   const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
   im.graphs_enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !im.profile;
+  if (const char* pf = std::getenv("KILN_L2_PREFETCH_MB")) im.l2_prefetch_bytes = std::max(0ll, std::atoll(pf)) << 20;
   stamps_start();
+}
+
+L2Prefetch CudaBackend::Impl::next_gemv_prefetch() const {
+  L2Prefetch pf;
+  if (!in_step || l2_prefetch_bytes <= 0 || gemv_seq.size() >= gemv_prev.size()) return pf;
+  const Ranges& r = gemv_prev[gemv_seq.size()];
+  int64_t total = 0;
+  for (const auto& [p, b] : r) total += b;
+  // Every range's same leading fraction (the GEMV's first blocks read the first tiles of each).
+  const double f = std::min(1.0, static_cast<double>(l2_prefetch_bytes) / static_cast<double>(std::max<int64_t>(1, total)));
+  for (const auto& [p, b] : r) {
+    if (pf.n == L2Prefetch::kMax) break;
+    pf.p[pf.n] = static_cast<const char*>(p);
+    pf.bytes[pf.n++] = static_cast<int64_t>(static_cast<double>(b) * f);
+  }
+  pf.blocks = std::min<int>(n_sms, static_cast<int>(std::min(total, l2_prefetch_bytes) >> 18) + 1);  // ~256 KB each
+  return pf;
 }
 
 CudaBackend::~CudaBackend() {
@@ -256,6 +275,8 @@ void CudaBackend::begin_step() {
   // Uploads reuse the staging buffer from its start: everything queued before must be done.
   CUDA_CHECK(cudaStreamSynchronize(im.stream));
   im.staging_top = 0;
+  if (!im.gemv_seq.empty()) im.gemv_prev = std::move(im.gemv_seq);
+  im.gemv_seq.clear();
   ArenaState& a = *im.arena;
   if (im.arena_overflowed && a.stack.empty()) {
     // Grow to what the largest step needed (+25%); captured graphs point into the old buffer.

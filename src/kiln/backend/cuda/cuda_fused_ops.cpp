@@ -59,7 +59,7 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, 
   if (im.skip()) return;
   ProfScope ps(im, "add_rms_norm");
   launch_add_rms_norm(x.data, delta.data, dt_of(x, "add_rms_norm", "x"), W.data, wt, eps, one_plus_w, rows, dim,
-                      y.data, im.stream, qx);
+                      y.data, im.stream, qx, qx.base ? im.next_gemv_prefetch() : L2Prefetch());
 }
 
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,

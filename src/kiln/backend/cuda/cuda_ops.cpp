@@ -272,7 +272,7 @@ void CudaBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act
   if (im.skip()) return;
   ProfScope ps(im, "gated_act");
   launch_gated_act(gate.data, up.data, static_cast<int>(act), n, out.data, dt_of(gate, "gated_act", "gate"), im.stream,
-                   out.cols(), qx);
+                   out.cols(), qx, qx.base ? im.next_gemv_prefetch() : L2Prefetch());
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {

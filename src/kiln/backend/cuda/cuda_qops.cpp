@@ -191,6 +191,13 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
     m.add(c.q.args, c.bias.empty() ? nullptr : c.bias.data, c.bias_dt, ys[i]->data, dt_of(*ys[i], "matmul", "y"));
   }
   Tensor xb = bf16_input(be, im, x);
+  CudaBackend::Impl::Ranges ranges;
+  for (int i = 0; i < m.count; ++i) {
+    const Q4Tiled z = q4_tiled_sizes(m.w[i].out, m.w[i].in, m.w[i].group_size, m.w[i].sdt);
+    ranges.emplace_back(m.w[i].w, z.code_bytes);
+    ranges.emplace_back(m.w[i].pairs, z.pair_bytes);
+  }
+  im.note_gemv(std::move(ranges));
   const QxSidecar* sc = qx_sidecar(xb, n, m.w[0].in, m.w[0].group_size);
   Tensor qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, m.w[0].in, m.w[0].group_size));
   if (im.skip()) return true;
@@ -211,6 +218,10 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
     Tensor qx;  // the tiled 4-bit kernel's quantized activations: x's own (sidecar) or made here
     const QxSidecar* sc = q.args.pairs ? qx_sidecar(xb, n, in, w.group_size) : nullptr;
     if (q.args.pairs) qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, in, w.group_size));
+    if (q.args.pairs) {
+      const Q4Tiled z = q4_tiled_sizes(out, in, w.group_size, q.args.sdt);
+      im.note_gemv({{q.args.w, z.code_bytes}, {q.args.pairs, z.pair_bytes}});
+    }
     if (im.skip()) return;
     ProfScope ps(im, "matmul (qgemv)");
     launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, c.bias_dt, y.data, ydt, im.n_sms, qx.data,

@@ -103,7 +103,8 @@ __global__ void gated_act_kernel(const T* g, const T* u, int act, int64_t n, T* 
 // 4-value slot of a row's padded length, as qmatmul.cu's quantize kernel. out may alias gate.
 template <int GS>
 __global__ void gated_act_qx_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, int act, int64_t cols, QxOut q,
-                                    __nv_bfloat16* o) {
+                                    __nv_bfloat16* o, L2Prefetch pf) {
+  if (blockIdx.x >= gridDim.x - pf.blocks) return l2_prefetch(pf, blockIdx.x - (gridDim.x - pf.blocks));
   KILN_STAMP_SCOPE(kStampGatedAct);
   pdl_trigger();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -302,17 +303,17 @@ void launch_kv_write(const void* k, const void* v, Dt kt, int64_t n, int64_t wid
 }
 
 void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s,
-                      int64_t cols, const QxOut& qx) {
+                      int64_t cols, const QxOut& qx, const L2Prefetch& pf) {
   if (n == 0) return;
   if (qx.base) {
     const auto* g = static_cast<const __nv_bfloat16*>(gate);
     const auto* u = static_cast<const __nv_bfloat16*>(up);
     auto* o = static_cast<__nv_bfloat16*>(out);
-    const unsigned grid = grid_for(qx.L.n * qx.L.units * 8, kThreads);
+    const unsigned grid = grid_for(qx.L.n * qx.L.units * 8, kThreads) + pf.blocks;
     switch (qx.group_size) {
-      case 32: launch_pdl(gated_act_qx_kernel<32>, grid, kThreads, 0, s, g, u, act, cols, qx, o); break;
-      case 64: launch_pdl(gated_act_qx_kernel<64>, grid, kThreads, 0, s, g, u, act, cols, qx, o); break;
-      default: launch_pdl(gated_act_qx_kernel<128>, grid, kThreads, 0, s, g, u, act, cols, qx, o); break;
+      case 32: launch_pdl(gated_act_qx_kernel<32>, grid, kThreads, 0, s, g, u, act, cols, qx, o, pf); break;
+      case 64: launch_pdl(gated_act_qx_kernel<64>, grid, kThreads, 0, s, g, u, act, cols, qx, o, pf); break;
+      default: launch_pdl(gated_act_qx_kernel<128>, grid, kThreads, 0, s, g, u, act, cols, qx, o, pf); break;
     }
     KILN_CUDA_LAUNCH_CHECK("gated_act");
     return;

@@ -18,7 +18,9 @@ namespace {
 // the previous kernel is waited for; 0: loops. qx.base set (bf16): then y's qx (qx.cuh).
 template <typename XT, typename WT, int K>
 __global__ void __launch_bounds__(kRowThreadsMax)
-    add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y, QxOut qx) {
+    add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y, QxOut qx,
+                        L2Prefetch pf, int64_t rows) {
+  if (blockIdx.x >= rows) return l2_prefetch(pf, blockIdx.x - rows);  // pf.blocks blocks past the rows
   KILN_STAMP_SCOPE(kStampAddRmsNorm);
   pdl_trigger();
   const int64_t r = blockIdx.x;
@@ -116,15 +118,16 @@ __global__ void rope_kv_write_kernel(RopeKvArgs a) {
 }  // namespace
 
 void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w,
-                         int64_t rows, int64_t dim, void* y, cudaStream_t s, const QxOut& qx) {
+                         int64_t rows, int64_t dim, void* y, cudaStream_t s, const QxOut& qx,
+                         const L2Prefetch& pf) {
   if (rows == 0) return;
   dispatch(xt, [&]<typename XT>() {
     dispatch(wt, [&]<typename WT>() {
       dispatch_row_regs(dim, [&]<int K>() {
-        launch_pdl(add_rms_norm_kernel<XT, WT, K>, static_cast<unsigned>(rows), row_threads(dim),
+        launch_pdl(add_rms_norm_kernel<XT, WT, K>, static_cast<unsigned>(rows + pf.blocks), row_threads(dim),
                    row_smem(dim, sizeof(XT), qx.base != nullptr), s,
                    static_cast<XT*>(x), static_cast<const XT*>(delta), static_cast<const WT*>(w), eps, one_plus_w, dim,
-                   static_cast<XT*>(y), qx);
+                   static_cast<XT*>(y), qx, pf, rows);
       });
     });
   });

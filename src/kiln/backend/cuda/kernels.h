@@ -27,6 +27,16 @@ inline QxLayout qx_layout(int64_t n, int64_t in, int group_size) {
   L.meta_bytes = L.n_pad * L.groups * 8;
   return L;
 }
+// Byte ranges of weights that a later kernel of the step streams (the next GEMV's), for `blocks`
+// extra blocks of an earlier short kernel (add_rms_norm, gated_act) to prefetch into L2 while DRAM
+// would otherwise idle (n = 0: none; l2_prefetch in common.cuh). A hint only: any ranges are correct.
+struct L2Prefetch {
+  static constexpr int kMax = 8;
+  const char* p[kMax] = {};
+  int64_t bytes[kMax] = {};
+  int n = 0, blocks = 0;
+};
+
 // Where a producer kernel (rms_norm, add_rms_norm, gated_act) also writes the qx of its bf16 output
 // (base null: it does not): code_bytes + meta_bytes at a 16-byte aligned base.
 struct QxOut {
@@ -51,7 +61,7 @@ void launch_kv_write(const void* k, const void* v, Dt kt, int64_t n, int64_t wid
 // out = act(gate) * up elementwise (act: 0 silu, 1 gelu_tanh, 2 gelu erf) over n values; with
 // qx.base set (bf16, n = qx.L.n rows of cols), out's qx too.
 void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void* out, Dt t, cudaStream_t s,
-                      int64_t cols = 0, const QxOut& qx = {});
+                      int64_t cols = 0, const QxOut& qx = {}, const L2Prefetch& pf = L2Prefetch());
 void launch_add(const void* a, const void* b, void* y, int64_t n, Dt t, cudaStream_t s);
 void launch_scale(void* x, int64_t n, float s, Dt t, cudaStream_t st);
 void launch_softcap(void* x, int64_t n, float cap, Dt t, cudaStream_t st);
@@ -144,7 +154,8 @@ namespace kiln::backend::cuda {
 // it from the stored x; x, delta, y [rows, dim] of dtype xt (y may alias x or delta). With qx.base
 // set (bf16), y's qx too.
 void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt, float eps, bool one_plus_w,
-                         int64_t rows, int64_t dim, void* y, cudaStream_t s, const QxOut& qx = {});
+                         int64_t rows, int64_t dim, void* y, cudaStream_t s, const QxOut& qx = {},
+                         const L2Prefetch& pf = L2Prefetch());
 
 // launch_rope on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] (in place), then
 // launch_kv_write of the rotated k and v [n, n_kv_heads * head_dim] into the caches
