@@ -136,9 +136,6 @@ struct CudaBackend::Impl {
   using Ranges = std::vector<std::pair<const void*, int64_t>>;
   std::vector<Ranges> gemv_seq, gemv_prev;
   int64_t l2_prefetch_bytes = int64_t{4} << 20;
-  void note_gemv(Ranges r) {
-    if (in_step) gemv_seq.push_back(std::move(r));
-  }
   // The first l2_prefetch_bytes of the GEMV that came next at this point of the previous step.
   L2Prefetch next_gemv_prefetch() const;
 

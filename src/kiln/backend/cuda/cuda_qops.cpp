@@ -154,6 +154,19 @@ Tensor bf16_input(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x) {
   return xb;
 }
 
+// Records a 4-bit tiled GEMV's weight ranges (codes and pairs of each of its `count` matrices) for the
+// L2 prefetch of a later step (Impl::next_gemv_prefetch); nothing when the prefetch is off.
+void note_q4_gemv(CudaBackend::Impl& im, const QWeightArgs* w, int count) {
+  if (!im.in_step || im.l2_prefetch_bytes <= 0) return;
+  CudaBackend::Impl::Ranges r;
+  for (int i = 0; i < count; ++i) {
+    const Q4Tiled z = q4_tiled_sizes(w[i].out, w[i].in, w[i].group_size, w[i].sdt);
+    r.emplace_back(w[i].w, z.code_bytes);
+    r.emplace_back(w[i].pairs, z.pair_bytes);
+  }
+  im.gemv_seq.push_back(std::move(r));
+}
+
 }  // namespace
 
 const QxSidecar* qx_sidecar(const Tensor& x, int64_t n, int64_t in, int group_size) {
@@ -191,13 +204,7 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
     m.add(c.q.args, c.bias.empty() ? nullptr : c.bias.data, c.bias_dt, ys[i]->data, dt_of(*ys[i], "matmul", "y"));
   }
   Tensor xb = bf16_input(be, im, x);
-  CudaBackend::Impl::Ranges ranges;
-  for (int i = 0; i < m.count; ++i) {
-    const Q4Tiled z = q4_tiled_sizes(m.w[i].out, m.w[i].in, m.w[i].group_size, m.w[i].sdt);
-    ranges.emplace_back(m.w[i].w, z.code_bytes);
-    ranges.emplace_back(m.w[i].pairs, z.pair_bytes);
-  }
-  im.note_gemv(std::move(ranges));
+  note_q4_gemv(im, m.w, m.count);
   const QxSidecar* sc = qx_sidecar(xb, n, m.w[0].in, m.w[0].group_size);
   Tensor qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, m.w[0].in, m.w[0].group_size));
   if (im.skip()) return true;
@@ -217,10 +224,9 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
   if (n <= qgemv_max_tokens(w.bits)) {
     Tensor qx;  // the tiled 4-bit kernel's quantized activations: x's own (sidecar) or made here
     const QxSidecar* sc = q.args.pairs ? qx_sidecar(xb, n, in, w.group_size) : nullptr;
-    if (q.args.pairs) qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, in, w.group_size));
     if (q.args.pairs) {
-      const Q4Tiled z = q4_tiled_sizes(out, in, w.group_size, q.args.sdt);
-      im.note_gemv({{q.args.w, z.code_bytes}, {q.args.pairs, z.pair_bytes}});
+      qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, in, w.group_size));
+      note_q4_gemv(im, &q.args, 1);
     }
     if (im.skip()) return;
     ProfScope ps(im, "matmul (qgemv)");

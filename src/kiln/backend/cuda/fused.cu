@@ -19,8 +19,9 @@ namespace {
 template <typename XT, typename WT, int K>
 __global__ void __launch_bounds__(kRowThreadsMax)
     add_rms_norm_kernel(XT* x, const XT* delta, const WT* w, float eps, bool one_plus, int64_t dim, XT* y, QxOut qx,
-                        L2Prefetch pf, int64_t rows) {
-  if (blockIdx.x >= rows) return l2_prefetch(pf, blockIdx.x - rows);  // pf.blocks blocks past the rows
+                        L2Prefetch pf) {
+  const unsigned rows = gridDim.x - pf.blocks;  // then pf.blocks prefetching blocks
+  if (blockIdx.x >= rows) return l2_prefetch(pf, blockIdx.x - rows);
   KILN_STAMP_SCOPE(kStampAddRmsNorm);
   pdl_trigger();
   const int64_t r = blockIdx.x;
@@ -127,7 +128,7 @@ void launch_add_rms_norm(void* x, const void* delta, Dt xt, const void* w, Dt wt
         launch_pdl(add_rms_norm_kernel<XT, WT, K>, static_cast<unsigned>(rows + pf.blocks), row_threads(dim),
                    row_smem(dim, sizeof(XT), qx.base != nullptr), s,
                    static_cast<XT*>(x), static_cast<const XT*>(delta), static_cast<const WT*>(w), eps, one_plus_w, dim,
-                   static_cast<XT*>(y), qx, pf, rows);
+                   static_cast<XT*>(y), qx, pf);
       });
     });
   });
