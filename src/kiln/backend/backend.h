@@ -145,6 +145,10 @@ class Backend {
   // (q/k/v, gate/up); y[i] [n, out_i]; w.size() == y.size(). Same result as matmul() per pair.
   static constexpr size_t kMaxMultiMatmul = 4;
   virtual void matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y);
+  // out [n, dim] = down(act(gate(x)) * up(x)) for x [n, dim]: matmul_multi gate/up into act-dtype
+  // [n, ffn] buffers, gated_act into the gate buffer, matmul down (gate/up [ffn, dim], down [dim, ffn]).
+  virtual void gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
+                         Tensor& out);
 
   // ---- MoE (qwen3_moe, mixtral). The defaults are the host routing of the reference (they read
   // the router logits / expert ids back to the host); CUDA keeps decode-sized batches on the device.
@@ -155,7 +159,7 @@ class Backend {
   virtual void moe_route(const Tensor& logits, int top_k, bool norm_topk_prob, Tensor& ids, Tensor& weights);
   // out [n, dim] = sum over slots j of weights[t, j] * expert ids[t, j] (x[t]), experts applied in
   // increasing expert index (the order of the default, which runs each expert once over its gathered
-  // tokens: gather_rows, matmul_multi gate/up, gated_act, matmul down, scatter_add_rows). x [n, dim]
+  // tokens: gather_rows, gated_mlp, scatter_add_rows). x [n, dim]
   // act dtype; ids i32 [n, k] in [0, experts.size()); weights f32 [n, k]; out may not alias x.
   virtual void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, Activation act, const Tensor& ids,
                            const Tensor& weights, Tensor& out);

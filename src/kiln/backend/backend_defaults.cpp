@@ -51,6 +51,18 @@ void Backend::matmul_multi(const Tensor& x, std::span<const Weight* const> w, st
   for (size_t i = 0; i < w.size(); ++i) matmul(x, *w[i], *y[i]);
 }
 
+void Backend::gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
+                        Tensor& out) {
+  const int64_t n = x.rows(), ffn = gate.out_features();
+  Tensor g = alloc(act_dtype(), {n, ffn});  // [n, ffn]
+  Tensor u = alloc(act_dtype(), {n, ffn});
+  const Weight* gu_w[] = {&gate, &up};
+  Tensor* gu_y[] = {&g, &u};
+  matmul_multi(x, gu_w, gu_y);
+  gated_act(g, u, act, g);
+  matmul(g, down, out);
+}
+
 // Softmax in double, top-k by probability (ties to the lower index), optional renormalisation over
 // the k: what moe_block did on the host before the op existed, so the CPU reference is unchanged.
 void Backend::moe_route(const Tensor& logits, int top_k, bool norm_topk_prob, Tensor& ids, Tensor& weights) {
@@ -120,17 +132,10 @@ void Backend::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
     std::copy(rows[e].begin(), rows[e].end(), rh.ptr<int32_t>());
     std::copy(wts[e].begin(), wts[e].end(), wth.ptr<float>());
     Tensor r = upload(rh), wt = upload(wth);
-    const int64_t ffn = ex.gate->out_features();
-    Tensor xe = alloc(act_dtype(), {m, dim});    // [m_e, dim] this expert's tokens
-    Tensor gate = alloc(act_dtype(), {m, ffn});  // [m_e, ffn]
-    Tensor up = alloc(act_dtype(), {m, ffn});
-    Tensor ye = alloc(act_dtype(), {m, dim});    // [m_e, dim]
+    Tensor xe = alloc(act_dtype(), {m, dim});  // [m_e, dim] this expert's tokens
+    Tensor ye = alloc(act_dtype(), {m, dim});
     gather_rows(x, r, xe);
-    const Weight* gu_w[] = {ex.gate, ex.up};
-    Tensor* gu_y[] = {&gate, &up};
-    matmul_multi(xe, gu_w, gu_y);
-    gated_act(gate, up, act, gate);
-    matmul(gate, *ex.down, ye);
+    gated_mlp(xe, *ex.gate, *ex.up, *ex.down, act, ye);
     scatter_add_rows(ye, r, wt, out);
   }
 }

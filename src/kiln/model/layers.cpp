@@ -143,14 +143,7 @@ void attention_block(backend::Backend& be, const ModelConfig& c, const Attention
 }
 
 void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation act, const Tensor& x, Tensor& out) {
-  const int64_t n = x.dim(0), ffn = w.gate.out_features();
-  Tensor gate = be.alloc(be.act_dtype(), {n, ffn});  // [n, ffn]
-  Tensor up = be.alloc(be.act_dtype(), {n, ffn});
-  const Weight* gu_w[] = {&w.gate, &w.up};
-  Tensor* gu_y[] = {&gate, &up};
-  be.matmul_multi(x, gu_w, gu_y);
-  be.gated_act(gate, up, act, gate);
-  be.matmul(gate, w.down, out);
+  be.gated_mlp(x, w.gate, w.up, w.down, act, out);
 }
 
 float round_to_model_dtype(float v, const ModelConfig& c) {

@@ -37,6 +37,13 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return
 template <>
 __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 
+// The gated MLP's activation of g (Activation: 0 silu, 1 gelu_tanh, 2 gelu), in f32.
+__device__ __forceinline__ float act_f(float g, int act) {
+  if (act == 0) return g / (1.0f + expf(-g));
+  if (act == 1) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+  return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
+}
+
 // Loads VEC consecutive elements of p (aligned to VEC * sizeof(T)) as floats, with the widest loads.
 template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {

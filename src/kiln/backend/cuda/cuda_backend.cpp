@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kiln/backend/cuda/cuda_impl.h"
+#include "kiln/backend/cuda/qkernels.h"
 
 namespace kiln::backend::cuda {
 
@@ -64,6 +65,9 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUDA_CHECK(cudaMalloc(&im.attn_counters, im.attn_counters_n * sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(im.attn_counters, 0, im.attn_counters_n * sizeof(unsigned)));
   ++im.stats.device_mallocs;
+  CUDA_CHECK(cudaMalloc(&im.grid_barrier, (kQGatedMlpMaxGrid + 1) * sizeof(unsigned long long)));
+  CUDA_CHECK(cudaMemset(im.grid_barrier, 0, (kQGatedMlpMaxGrid + 1) * sizeof(unsigned long long)));
+  ++im.stats.device_mallocs;
   im.arena = std::make_shared<ArenaState>();
   im.arena->base = device_malloc(kInitialArena, im.stats);
   im.arena->capacity = kInitialArena;
@@ -74,6 +78,8 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
   im.graphs_enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !im.profile;
   if (const char* pf = std::getenv("KILN_L2_PREFETCH_MB")) im.l2_prefetch_bytes = std::max(0ll, std::atoll(pf)) << 20;
+  const char* mlp = std::getenv("KILN_CUDA_FUSED_MLP");
+  im.fused_mlp = mlp && std::strcmp(mlp, "1") == 0;
   stamps_start();
 }
 
@@ -108,11 +114,14 @@ CudaBackend::~CudaBackend() {
   if (im.lt) cublasLtDestroy(im.lt);
   if (im.workspace) cudaFree(im.workspace);
   if (im.attn_counters) cudaFree(im.attn_counters);
+  if (im.grid_barrier) cudaFree(im.grid_barrier);
   if (im.stream) cudaStreamDestroy(im.stream);
 }
 
 const CudaStats& CudaBackend::stats() const { return impl_->stats; }
 void CudaBackend::set_attention_kernel(AttnKernel k) { impl_->attn_kernel = k; }
+void CudaBackend::set_fused_mlp(bool on) { impl_->fused_mlp = on; }
+
 void CudaBackend::set_graphs_enabled(bool on) {
   impl_->graphs_enabled = on && !impl_->profile;
   if (!on) impl_->drop_graphs();

@@ -16,6 +16,7 @@ struct CudaStats {
   int64_t arena_overflows = 0;  // per-step allocations that did not fit the arena
   int64_t graph_captures = 0, graph_replays = 0;
   int64_t arena_bytes = 0, weight_bytes = 0;
+  int64_t fused_mlps = 0;  // launches of the fused 4-bit gated MLP (one token)
 };
 
 // Which attention kernel runs; auto picks the tensor-core prefill kernel when most tokens are
@@ -65,6 +66,10 @@ class CudaBackend final : public Backend {
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
                      float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
   void matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y) override;
+  // One token through 4-bit gate/up/down: one persistent launch (cuda_qops.cpp, qmlp.cu) when
+  // set_fused_mlp is on, else Backend's separate ops.
+  void gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
+                 Tensor& out) override;
   // Device sampling (cuda_sampling.cpp, kernels in sampling.cu).
   void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
                    Tensor& ids) override;
@@ -84,6 +89,9 @@ class CudaBackend final : public Backend {
   const CudaStats& stats() const;
   void set_attention_kernel(AttnKernel k);
   void set_graphs_enabled(bool on);
+  // The fused 4-bit gated MLP (gated_mlp): off by default (not faster yet, BENCHMARKS.md);
+  // KILN_CUDA_FUSED_MLP=1 or this turns it on.
+  void set_fused_mlp(bool on);
   // KILN_CUDA_PROFILE=1: every op is timed with events (graphs off); report() prints a table.
   std::string profile_report() const;
   // Free and total device memory in bytes.

@@ -62,6 +62,13 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, 
                       y.data, im.stream, qx, qx.base ? im.next_gemv_prefetch() : L2Prefetch());
 }
 
+void CudaBackend::gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
+                            Tensor& out) {
+  out.sidecar.reset();  // written here (TensorSidecar)
+  if (fused_enabled() && quantized_gated_mlp(*this, *impl_, x, gate, up, down, act, out)) return;
+  Backend::gated_mlp(x, gate, up, down, act, out);
+}
+
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
                                 float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
   q.sidecar.reset(), k.sidecar.reset();  // written here (TensorSidecar)

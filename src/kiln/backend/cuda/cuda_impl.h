@@ -77,6 +77,10 @@ struct CudaBackend::Impl {
   // Arrival counters of the decode attention's split merge (launch_attention_decode), zero between launches.
   unsigned* attn_counters = nullptr;
   int64_t attn_counters_n = 16384;
+  // The fused gated MLP (set_fused_mlp) and its grid barrier counters (launch_q4_gated_mlp),
+  // kQGatedMlpMaxGrid + 1 words.
+  bool fused_mlp = false;
+  unsigned long long* grid_barrier = nullptr;
   CudaStats stats;
   AttnKernel attn_kernel = AttnKernel::automatic;
   int n_sms = 132;

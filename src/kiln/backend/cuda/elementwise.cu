@@ -85,12 +85,6 @@ __global__ void kv_write_kernel(const T* k, const T* v, int64_t width, const int
   }
 }
 
-__device__ __forceinline__ float act_f(float g, int act) {
-  if (act == 0) return g / (1.0f + expf(-g));
-  if (act == 1) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-  return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
-}
-
 template <typename T>
 __global__ void gated_act_kernel(const T* g, const T* u, int act, int64_t n, T* o) {
   pdl_trigger();

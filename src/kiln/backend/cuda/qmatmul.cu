@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kiln/backend/cuda/common.cuh"
+#include "kiln/backend/cuda/q4mma.cuh"
 #include "kiln/backend/cuda/qkernels.h"
 #include "kiln/backend/cuda/qx.cuh"
 
@@ -329,19 +330,6 @@ __global__ void q4_tile_pairs_kernel(const ST* __restrict__ sc, const ST* __rest
   }
 }
 
-// The (scale, bias) pair gi of a row's quad, from the raw words of its GPQ pairs.
-template <typename ST>
-__device__ __forceinline__ float2 pair_at(const uint32_t* w, int gi) {
-  if constexpr (sizeof(ST) == 4) {
-    return make_float2(__uint_as_float(w[2 * gi]), __uint_as_float(w[2 * gi + 1]));
-  } else if constexpr (std::is_same_v<ST, __nv_bfloat16>) {
-    return make_float2(__uint_as_float(w[gi] << 16), __uint_as_float(w[gi] & 0xffff0000u));
-  } else {
-    const __half2 h = *reinterpret_cast<const __half2*>(&w[gi]);
-    return __half22float2(h);
-  }
-}
-
 // One thread per (row, quad, t) of the tiled layout: its uint4 holds columns 4t..4t+3 and
 // 16+4t..16+4t+3 of the quad's 4 units of the row, written as 8 runs of 4 values (as qdequant_kernel
 // computes them). The 4 threads of a (row, quad) read 64 contiguous bytes.
@@ -412,14 +400,6 @@ __global__ void q4_quantize_x_kernel(const __nv_bfloat16* __restrict__ x, int64_
   qx_store4<GS>(f, tok, col, L, codes, meta);
 }
 
-__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Warps per block (4, or 8 for matrices of few tiles: the launcher's choice), quads per round and
 // blocks per SM the registers must allow, measured on the H200 (bf16 scales g64, BENCHMARKS.md):
 // 4 quads per round (8 code loads in flight per lane) beat 2 quads with more blocks, and
@@ -429,7 +409,7 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, 
 // 32, f32 scales): no spills.
 template <typename ST, int GS>
 constexpr int q4_round() {
-  return (128 / GS) * (sizeof(ST) == 4 ? 2 : 1) >= 4 ? 2 : 4;
+  return q4_pair_words<ST, GS>() >= 4 ? 2 : 4;
 }
 
 // grid (total tiles of all matrices, passes of 8 tokens); block W * 32. A block of W warps owns one
@@ -441,9 +421,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* 
                                                                    const float4* __restrict__ meta, int64_t n,
                                                                    QMulti m) {
   constexpr int R = q4_round<ST, GS>();
-  constexpr int GPQ = 128 / GS, UPG = GS / 32;         // groups per quad, units per group
-  constexpr int PW = GPQ * (sizeof(ST) == 4 ? 2 : 1);  // pair words per row and quad
-  constexpr uint32_t kLow = 0x0F0F0F0Fu;
+  constexpr int GPQ = 128 / GS, PW = q4_pair_words<ST, GS>();  // groups per quad, pair words per row and quad
   __shared__ float red[W][16][8];
   KILN_STAMP_SCOPE(kStampQGemv4);
   pdl_trigger();
@@ -481,26 +459,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* 
       uint4 xv[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) xv[u] = g < nt ? __ldg(xq + (4 * qd + u) * 4) : make_uint4(0u, 0u, 0u, 0u);
-      const uint32_t lo[4] = {wl[k].x, wl[k].y, wl[k].z, wl[k].w}, hi[4] = {wh[k].x, wh[k].y, wh[k].z, wh[k].w};
-#pragma unroll
-      for (int gi = 0; gi < GPQ; ++gi) {
-        int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int jj = 0; jj < UPG; ++jj) {
-          const int u = gi * UPG + jj;
-          const uint32_t a0 = lo[u] & kLow, a1 = hi[u] & kLow, a2 = (lo[u] >> 4) & kLow, a3 = (hi[u] >> 4) & kLow;
-          mma_u8s8(ch, a0, a1, a2, a3, xv[u].x, xv[u].y);
-          mma_u8s8(cl, a0, a1, a2, a3, xv[u].z, xv[u].w);
-        }
-        const float4 dm = __ldg(mt + (qd * GPQ + gi) * 4);  // (d, S) token 2t, (d, S) token 2t + 1
-        const float2 sl = pair_at<ST>(pl[k], gi), sh = pair_at<ST>(ph[k], gi);
-        acc[0] = fmaf(sl.x * dm.x, static_cast<float>(254 * ch[0] + cl[0]), fmaf(sl.y, dm.y, acc[0]));
-        acc[2] = fmaf(sh.x * dm.x, static_cast<float>(254 * ch[2] + cl[2]), fmaf(sh.y, dm.y, acc[2]));
-        if (nt > 1) {  // token 2t + 1 (column 1 of lane t = 0 is past the only token otherwise)
-          acc[1] = fmaf(sl.x * dm.z, static_cast<float>(254 * ch[1] + cl[1]), fmaf(sl.y, dm.w, acc[1]));
-          acc[3] = fmaf(sh.x * dm.z, static_cast<float>(254 * ch[3] + cl[3]), fmaf(sh.y, dm.w, acc[3]));
-        }
-      }
+      q4_quad_mma<ST, GS>(acc, wl[k], wh[k], pl[k], ph[k], xv, [&](int gi) { return __ldg(mt + (qd * GPQ + gi) * 4); },
+                          nt > 1);
     }
   }
   KILN_STAMP(2);  // a probe build's stamp: warp 0 done with its K range
@@ -597,12 +557,7 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, vo
       default: launch_pdl(q4_quantize_x_kernel<128>, qgrid, 256, 0, s, xp, in, L, codes, meta); break;
     }
   }
-  // 8 warps per tile where the tiles fit one wave of 8-warp blocks (two per SM: o and down of an 8B
-  // model), else 4 (q/k/v, gate/up: 1.45 waves of 8-warp blocks fit one of 4-warp blocks). Measured on
-  // the H200, llama-3-8b 4-bit batch 1 decode: 410.7 / 411.3 tok/s against 406.5 / 405.1 with 8 warps
-  // for q/k/v too (the earlier rule, tiles < 4 x SMs); 4 warps everywhere and 8 everywhere were
-  // slower than either (343.5 / 361.6 against 364.8 with an earlier kernel).
-  const bool wide = m.tiles[m.count] <= int64_t{n_sms} * 2;
+  const bool wide = q4_gemv_warps(m.tiles[m.count], n_sms) == 8;
   const dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>(L.n_pad / 8));
   const auto* qc = static_cast<const uint4*>(qx);
   const auto* qm = reinterpret_cast<const float4*>(meta);

@@ -6,12 +6,12 @@
 
 namespace kiln::backend::cuda {
 
-// Quantizes 4 consecutive values f (bf16-exact) at columns col..col+3 of token tok (col % 4 == 0;
-// zeros past the row). Called by every lane of a warp at once, the GS / 4 lanes of a group adjacent
+// The qx of 4 consecutive values f (bf16-exact) at columns col..col+3 of a row (col % 4 == 0; zeros
+// past the row): their codes (hi, lo: 4 bytes each) and their group's (d, S) (every lane of the
+// group gets them). Called by every lane of a warp at once, the GS / 4 lanes of a group adjacent
 // (their max and sum by shuffles, in a fixed order).
 template <int GS>
-__device__ __forceinline__ void qx_store4(const float (&f)[4], int64_t tok, int64_t col, const QxLayout& L,
-                                          uint32_t* __restrict__ codes, float2* __restrict__ meta) {
+__device__ __forceinline__ void qx_encode4(const float (&f)[4], uint32_t& hi, uint32_t& lo, float2& dS) {
   float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
   float sum = (f[0] + f[1]) + (f[2] + f[3]);
 #pragma unroll
@@ -21,7 +21,7 @@ __device__ __forceinline__ void qx_store4(const float (&f)[4], int64_t tok, int6
   }
   constexpr float kRange = 127.0f * 254.0f;
   const float inv = amax > 0.0f ? kRange / amax : 0.0f;
-  uint32_t hi = 0u, lo = 0u;
+  hi = 0u, lo = 0u;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int v = max(-32258, min(32258, __float2int_rn(f[e] * inv)));
@@ -30,12 +30,25 @@ __device__ __forceinline__ void qx_store4(const float (&f)[4], int64_t tok, int6
     hi |= (static_cast<uint32_t>(h) & 0xffu) << (8 * e);
     lo |= (static_cast<uint32_t>(l) & 0xffu) << (8 * e);
   }
-  const int64_t u = col / 32;
+  dS = make_float2(amax / kRange, sum);
+}
+
+// Where column col's codes go in its unit's 16 words: hi at [4t + half], lo at [4t + 2 + half].
+__device__ __forceinline__ void qx_put_codes(uint32_t* unit, int64_t col, uint32_t hi, uint32_t lo) {
   const int j = static_cast<int>(col % 32) / 4, t = j & 3, half = j >> 2;  // columns 4j.. = 16 half + 4t..
-  uint32_t* unit = codes + (tok * L.units + u) * 16;
   unit[4 * t + half] = hi;
   unit[4 * t + 2 + half] = lo;
-  if (col % GS == 0) meta[((tok >> 3) * L.groups + col / GS) * 8 + (tok & 7)] = make_float2(amax / kRange, sum);
+}
+
+// qx_encode4, stored at token tok of the layout L.
+template <int GS>
+__device__ __forceinline__ void qx_store4(const float (&f)[4], int64_t tok, int64_t col, const QxLayout& L,
+                                          uint32_t* __restrict__ codes, float2* __restrict__ meta) {
+  uint32_t hi, lo;
+  float2 dS;
+  qx_encode4<GS>(f, hi, lo, dS);
+  qx_put_codes(codes + (tok * L.units + col / 32) * 16, col, hi, lo);
+  if (col % GS == 0) meta[((tok >> 3) * L.groups + col / GS) * 8 + (tok & 7)] = dS;
 }
 
 // 4 bf16 at p as floats.
