@@ -63,7 +63,8 @@ int mlp_bench(backend::Backend& be, int reps, double copy_bw) {
   std::vector<Mlp> ms;
   double bytes = 0;
   do {
-    ms.push_back({make_weight(be, ffn, dim, 4, 64), make_weight(be, ffn, dim, 4, 64), make_weight(be, dim, ffn, 4, 64)});
+    ms.push_back(
+        {make_weight(be, ffn, dim, 4, 64), make_weight(be, ffn, dim, 4, 64), make_weight(be, dim, ffn, 4, 64)});
     bytes += weight_bytes(ms.back().gate) + weight_bytes(ms.back().up) + weight_bytes(ms.back().down);
   } while (bytes < 384e6);
   const double mb = bytes / ms.size();

@@ -388,7 +388,8 @@ TEST_F(CudaQOps, FusedGatedMlpMatchesTheSeparateOps) {
     expect_close(got, to_floats(ref), 1e-2, 1.0 / 64, "fused against the CPU");
   }
   // Two tokens, a bias, or the switch off (the default) take the separate ops.
-  const Weight gate = random_qweight(rng, 448, 576, 4, 64, DType::bf16), up = random_qweight(rng, 448, 576, 4, 64, DType::bf16);
+  const Weight gate = random_qweight(rng, 448, 576, 4, 64, DType::bf16);
+  const Weight up = random_qweight(rng, 448, 576, 4, 64, DType::bf16);
   Weight down = random_qweight(rng, 576, 448, 4, 64, DType::bf16);
   const int64_t launches = cb->stats().fused_mlps;
   Tensor x2 = gpu_->upload(convert(act(rng, {2, 576}), DType::bf16)), y2 = poisoned(DType::bf16, {2, 576});

@@ -37,6 +37,22 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return
 template <>
 __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 
+// Element i of a buffer of runtime dtype t, as f32 (load_s), or stored from f32 with one rounding.
+__device__ __forceinline__ float load_s(const void* p, Dt t, int64_t i) {
+  switch (t) {
+    case Dt::f32: return __ldg(static_cast<const float*>(p) + i);
+    case Dt::bf16: return to_f(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return to_f(static_cast<const __half*>(p)[i]);
+  }
+}
+__device__ __forceinline__ void store_s(void* p, Dt t, int64_t i, float v) {
+  switch (t) {
+    case Dt::f32: static_cast<float*>(p)[i] = v; break;
+    case Dt::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+  }
+}
+
 // The gated MLP's activation of g (Activation: 0 silu, 1 gelu_tanh, 2 gelu), in f32.
 __device__ __forceinline__ float act_f(float g, int act) {
   if (act == 0) return g / (1.0f + expf(-g));

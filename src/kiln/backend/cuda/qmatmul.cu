@@ -61,21 +61,6 @@ __device__ __forceinline__ float code_plus_magic(const uint32_t (&w)[BITS], int 
   return __uint_as_float((v & mask) | magic);
 }
 
-__device__ __forceinline__ float load_s(const void* p, Dt t, int64_t i) {
-  switch (t) {
-    case Dt::f32: return __ldg(static_cast<const float*>(p) + i);
-    case Dt::bf16: return to_f(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return to_f(static_cast<const __half*>(p)[i]);
-  }
-}
-__device__ __forceinline__ void store_s(void* p, Dt t, int64_t i, float v) {
-  switch (t) {
-    case Dt::f32: static_cast<float*>(p)[i] = v; break;
-    case Dt::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    default: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-  }
-}
-
 // 8 bf16 (one 16-byte load) as floats: bf16 is the high half of an f32.
 __device__ __forceinline__ void load_x8(const __nv_bfloat16* p, float (&v)[8]) {
   const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));

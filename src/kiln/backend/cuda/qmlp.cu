@@ -300,11 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (gt < 16 && row < p.dim) {
       float v = 0.0f;
       for (int w = 0; w < p.wd; ++w) v += rd[0][w][gt];
-      switch (yt) {
-        case Dt::f32: static_cast<float*>(y)[row] = v; break;
-        case Dt::bf16: static_cast<__nv_bfloat16*>(y)[row] = from_f<__nv_bfloat16>(v); break;
-        default: static_cast<__half*>(y)[row] = from_f<__half>(v); break;
-      }
+      store_s(y, yt, row, v);
     }
   }
 #else
@@ -320,8 +316,8 @@ bool q4_gated_mlp_fits(const QGatedMlp& m) {
   return (smem_optin() - p.ring_off) / p.slot_bytes / kGroups >= 2;
 }
 
-void launch_q4_gated_mlp(const QGatedMlp& m, const void* x, void* h, void* y, Dt yt, unsigned long long* barrier, int n_sms,
-                         cudaStream_t s) {
+void launch_q4_gated_mlp(const QGatedMlp& m, const void* x, void* h, void* y, Dt yt, unsigned long long* barrier,
+                         int n_sms, cudaStream_t s) {
   MlpPlan p = plan_for(m, 128 / m.gate.group_size);
   p.slots = static_cast<int>(std::min<int64_t>(kMaxSlots, (smem_optin() - p.ring_off) / p.slot_bytes) / kGroups);
   p.smem = p.ring_off + int64_t{kGroups} * p.slots * p.slot_bytes;
