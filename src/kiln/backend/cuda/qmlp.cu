@@ -46,20 +46,6 @@ struct MlpPlan {
   int64_t qx_codes_off, qx_meta_off, ring_off, smem;
 };
 
-MlpPlan plan_for(const QGatedMlp& m, int pair_words) {
-  MlpPlan p{};
-  p.dim = m.gate.in, p.ffn = m.gate.out;
-  p.qd = (p.dim + 127) / 128, p.qf = (p.ffn + 127) / 128;
-  const int64_t qmax = std::max(p.qd, p.qf);
-  p.pair_quad_bytes = 16 * pair_words * 4;
-  p.slot_bytes = kPieceQuads * (1024 + p.pair_quad_bytes);
-  p.qx_codes_off = kFixedSmem;
-  p.qx_meta_off = p.qx_codes_off + qmax * 256;
-  const int64_t meta_bytes = qmax * (128 / m.gate.group_size) * 8;
-  p.ring_off = (p.qx_meta_off + meta_bytes + 127) / 128 * 128;
-  return p;
-}
-
 int smem_optin() {
   static const int v = [] {
     int dev = 0, bytes = 0, major = 0;
@@ -69,6 +55,25 @@ int smem_optin() {
     return major >= 9 ? bytes : 0;  // TMA bulk copies and mbarrier tx counts: sm_90
   }();
   return v;
+}
+
+// The shared-memory layout for m's shapes; slots 0 where the device cannot take the kernel.
+MlpPlan plan_for(const QGatedMlp& m) {
+  MlpPlan p{};
+  const int pair_words = 128 / m.gate.group_size;  // 2-byte scales (f32 ones are not planned)
+  p.dim = m.gate.in, p.ffn = m.gate.out;
+  p.qd = (p.dim + 127) / 128, p.qf = (p.ffn + 127) / 128;
+  const int64_t qmax = std::max(p.qd, p.qf);
+  p.pair_quad_bytes = 16 * pair_words * 4;
+  p.slot_bytes = kPieceQuads * (1024 + p.pair_quad_bytes);
+  p.qx_codes_off = kFixedSmem;
+  p.qx_meta_off = p.qx_codes_off + qmax * 256;
+  const int64_t meta_bytes = qmax * (128 / m.gate.group_size) * 8;
+  p.ring_off = (p.qx_meta_off + meta_bytes + 127) / 128 * 128;
+  if (m.gate.sdt != Dt::f32 && smem_optin() > p.ring_off)
+    p.slots = static_cast<int>(std::min<int64_t>(kMaxSlots, (smem_optin() - p.ring_off) / p.slot_bytes) / kGroups);
+  p.smem = p.ring_off + int64_t{kGroups} * p.slots * p.slot_bytes;
+  return p;
 }
 
 // ---- sm_90 mbarriers and bulk copies (shared::cta addresses)
@@ -142,8 +147,8 @@ __device__ void qx_to_shared(const __nv_bfloat16* src, int64_t cols, int64_t qua
     for (int b = 0; b < kBatch; ++b) {
       const int64_t col = (base + b * kStride) * 4;
       if (base + b * kStride >= n_slots) break;  // the same for a whole warp
-      const float f[4] = {__uint_as_float(v[b].x << 16), __uint_as_float(v[b].x & 0xffff0000u),
-                          __uint_as_float(v[b].y << 16), __uint_as_float(v[b].y & 0xffff0000u)};
+      float f[4];
+      bf16x4_to_f(v[b], f);
       uint32_t hi, lo;
       float2 dS;
       qx_encode4<GS>(f, hi, lo, dS);
@@ -310,17 +315,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool q4_gated_mlp_fits(const QGatedMlp& m) {
-  if (m.gate.sdt == Dt::f32 || smem_optin() == 0) return false;
-  const MlpPlan p = plan_for(m, 128 / m.gate.group_size);
-  return (smem_optin() - p.ring_off) / p.slot_bytes / kGroups >= 2;
-}
+bool q4_gated_mlp_fits(const QGatedMlp& m) { return plan_for(m).slots >= 2; }
 
 void launch_q4_gated_mlp(const QGatedMlp& m, const void* x, void* h, void* y, Dt yt, unsigned long long* barrier,
                          int n_sms, cudaStream_t s) {
-  MlpPlan p = plan_for(m, 128 / m.gate.group_size);
-  p.slots = static_cast<int>(std::min<int64_t>(kMaxSlots, (smem_optin() - p.ring_off) / p.slot_bytes) / kGroups);
-  p.smem = p.ring_off + int64_t{kGroups} * p.slots * p.slot_bytes;
+  MlpPlan p = plan_for(m);
   const int64_t tf = (p.ffn + 15) / 16, td = (p.dim + 15) / 16;
   p.wgu = q4_gemv_warps(2 * tf, n_sms);  // as the separate gate/up launch (both matrices' tiles) and down
   p.wd = q4_gemv_warps(td, n_sms);

@@ -51,11 +51,13 @@ __device__ __forceinline__ void qx_store4(const float (&f)[4], int64_t tok, int6
   if (col % GS == 0) meta[((tok >> 3) * L.groups + col / GS) * 8 + (tok & 7)] = dS;
 }
 
-// 4 bf16 at p as floats.
-__device__ __forceinline__ void load_bf16x4(const __nv_bfloat16* p, float (&f)[4]) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
+// 4 bf16 (the 8 bytes v, or at p) as floats.
+__device__ __forceinline__ void bf16x4_to_f(uint2 v, float (&f)[4]) {
   f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
   f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+}
+__device__ __forceinline__ void load_bf16x4(const __nv_bfloat16* p, float (&f)[4]) {
+  bf16x4_to_f(*reinterpret_cast<const uint2*>(p), f);
 }
 
 // Every thread of a block: row tok of a bf16 output y [., in] (this block's writes to it made
