@@ -554,6 +554,36 @@ TEST_F(CudaOps, FusedMatmulMulti) {
 }
 
 #ifdef KILN_HAVE_CUDA
+// The per-step arena grows to what an overflowing step needed in one go, counting the tensors
+// allocated while an overflowed one was alive: the same step then runs without an overflow or an
+// allocation. (Sized from the records that fit only, the second step overflowed again.)
+TEST_F(CudaOps, ArenaGrowsToAStepsNeedAtOnce) {
+  auto be = make_cuda_backend(0);
+  auto& cb = static_cast<cuda::CudaBackend&>(*be);
+  const auto step = [&] {
+    be->begin_step();
+    {
+      Tensor a = be->alloc(DType::f32, {1 << 20});  // 4 MB
+      Tensor b = be->alloc(DType::f32, {32 << 20});  // 128 MB: past the 64 MB first arena
+      Tensor c = be->alloc(DType::f32, {16 << 20});  // 64 MB each while b lives
+      Tensor d = be->alloc(DType::f32, {16 << 20});
+      for (Tensor* t : {&a, &b, &c, &d}) be->fill_zero(*t);
+      Tensor h = be->to_host(d);
+      EXPECT_EQ(h.ptr<float>()[(16 << 20) - 1], 0.0f);
+    }
+    be->end_step();
+  };
+  const int64_t o0 = cb.stats().arena_overflows;
+  step();
+  const int64_t o1 = cb.stats().arena_overflows;
+  EXPECT_GT(o1, o0) << "the first step should not fit the first arena";
+  step();  // grows the arena at its start
+  EXPECT_EQ(cb.stats().arena_overflows, o1) << "the step overflowed again after the arena grew";
+  const int64_t m2 = cb.stats().device_mallocs;
+  step();
+  EXPECT_EQ(cb.stats().device_mallocs, m2);
+}
+
 // Each fused op really is one fused launch (not the default's separate ops) on decode shapes.
 TEST_F(CudaOps, FusedOpsLaunchFused) {
   Rng rng("CudaOps.FusedOpsLaunchFused");

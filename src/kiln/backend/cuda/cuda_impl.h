@@ -43,8 +43,8 @@ struct ArenaState {
     bool live;
   };
   std::vector<Rec> stack;
-  size_t top = 0, high_water = 0, need = 0;  // need: the high-water mark including overflows
-  uint64_t alloc_hash = 0;                    // hash of (offset, bytes) since the last reset_hash
+  size_t top = 0, need = 0;  // need: the high-water mark of top, records past capacity included
+  uint64_t alloc_hash = 0;   // hash of (offset, bytes) since the last reset_hash
 };
 
 struct PinnedBuf {
