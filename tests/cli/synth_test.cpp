@@ -7,6 +7,7 @@
 #include "cli_util.h"
 #include "kiln/base/json.h"
 #include "kiln/cli/synth_shapes.h"
+#include "kiln/io/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -47,5 +48,34 @@ TEST(Synth, TinyFolderGenerates) {
   auto bad = kiln::test::run_kiln({"synth", "--shape", "nope", "--out", dir + "/x"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("llama-3-8b"), std::string::npos) << bad.err;
+  fs::remove_all(dir);
+}
+
+// --q-bits writes every Linear and the embedding in the MLX affine layout (u32 codes, scales and
+// biases per group, the quantization section in config.json), which loads and generates.
+TEST(Synth, QuantizedFolderLoadsAndGenerates) {
+  std::string dir = kiln::test::make_temp_dir("kiln-synth-q-");
+  const std::string out = dir + "/tiny-q4";
+  auto w = kiln::test::run_kiln({"synth", "--shape", "tiny", "--out", out, "--q-bits", "4", "--q-group-size", "32"});
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  const auto cfg = kiln::read_json_file(out + "/config.json");
+  EXPECT_EQ(cfg["quantization"]["bits"].get<int>(), 4);
+  EXPECT_EQ(cfg["quantization"]["group_size"].get<int>(), 32);
+  const auto ws = kiln::io::WeightSet::open_dir(out);
+  for (const char* m : {"model.embed_tokens", "model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj", "lm_head"}) {
+    const kiln::Tensor* q = ws.find(std::string(m) + ".weight");
+    ASSERT_NE(q, nullptr) << m;
+    EXPECT_EQ(q->dtype, kiln::DType::u32) << m;
+    const kiln::Tensor* s = ws.find(std::string(m) + ".scales");
+    ASSERT_NE(s, nullptr) << m;
+    EXPECT_TRUE(ws.has(std::string(m) + ".biases")) << m;
+    EXPECT_EQ(q->shape[1] * 32 / 4, s->shape[1] * 32) << m << ": in = 8 codes per word = group size x groups";
+  }
+  EXPECT_EQ(ws.find("model.norm.weight")->dtype, kiln::DType::bf16);
+  auto g = kiln::test::run_kiln({"generate", "--model", out, "--prompt", "Once", "--max-tokens", "8"});
+  EXPECT_EQ(g.exit_code, 0) << g.err;
+  auto bad = kiln::test::run_kiln({"synth", "--shape", "tiny", "--out", dir + "/x", "--q-bits", "7"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--q-bits"), std::string::npos) << bad.err;
   fs::remove_all(dir);
 }

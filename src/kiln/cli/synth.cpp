@@ -1,6 +1,9 @@
 // kiln synth: writes a random-weight model folder of a named shape (the shapes of
 // ../shared/bench/shapes.json), with the stories260K tokenizer, for benchmarks.
 // Values: uniform with the std of HF's initializer (0.02); norms 1. Throughput does not depend on them.
+// With --q-bits, every Linear and the embedding are written quantized in the MLX affine layout
+// (docs/quantization.md) as `kiln convert -q` writes them: random codes, one scale and bias per
+// tensor spanning the same uniform range (seconds, where converting a bf16 8B folder takes minutes).
 #include <filesystem>
 #include <fstream>
 
@@ -30,6 +33,7 @@ void fill_random(Tensor& t, float std, uint64_t seed) {
       float u = (static_cast<float>(z >> 40) / 16777216.0f) * 2.0f - 1.0f;
       float v = u * a;
       if (t.dtype == DType::f32) t.ptr<float>()[i] = v;
+      else if (t.dtype == DType::u32) t.ptr<uint32_t>()[i] = static_cast<uint32_t>(z);
       else t.ptr<uint16_t>()[i] = f32_to_bf16(v);
     }
   }, 1 << 16);
@@ -42,10 +46,22 @@ void fill_ones(Tensor& t) {
   }
 }
 
-void run_synth(const std::string& shape_name, const std::string& out, const std::string& dtype_name_arg, bool force) {
+void fill_value(Tensor& t, float v) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (t.dtype == DType::f32) t.ptr<float>()[i] = v;
+    else t.ptr<uint16_t>()[i] = f32_to_bf16(v);
+  }
+}
+
+void run_synth(const std::string& shape_name, const std::string& out, const std::string& dtype_name_arg, bool force,
+               int q_bits, int q_group) {
   const SynthShape& s = synth_shape(shape_name);
   DType dt = dtype_from_name(dtype_name_arg);
   if (dt != DType::f32 && dt != DType::bf16) fail("synth", "--dtype must be bf16 or f32, got \"{}\"", dtype_name_arg);
+  if (q_bits != 0 && q_bits != 2 && q_bits != 3 && q_bits != 4 && q_bits != 5 && q_bits != 6 && q_bits != 8)
+    fail("synth", "--q-bits must be 2, 3, 4, 5, 6 or 8, got {}", q_bits);
+  if (q_group != 32 && q_group != 64 && q_group != 128)
+    fail("synth", "--q-group-size must be 32, 64 or 128, got {}", q_group);
   if (fs::exists(out) && !fs::is_empty(out) && !force)
     fail("synth", "{} exists and is not empty; choose another --out or pass --force", out);
   fs::create_directories(out);
@@ -55,6 +71,19 @@ void run_synth(const std::string& shape_name, const std::string& out, const std:
   std::vector<std::pair<std::string, Tensor>> tensors;
   uint64_t seed = 1;
   auto add = [&](const std::string& name, Shape shape, bool ones = false) {
+    if (q_bits && shape.size() == 2 && shape[1] % q_group == 0) {  // a quantized Linear / embedding
+      const std::string base = name.substr(0, name.size() - std::string("weight").size());
+      Tensor w = Tensor::host(DType::u32, {shape[0], shape[1] * q_bits / 32});
+      fill_random(w, 0.0f, seed++ * 0x100000001B3ull);
+      Tensor sc = Tensor::host(dt, {shape[0], shape[1] / q_group}), bi = Tensor::host(dt, sc.shape);
+      const float a = 0.02f * 1.7320508f;  // codes 0 .. 2^bits - 1 span [-a, a]
+      fill_value(sc, 2.0f * a / static_cast<float>((1 << q_bits) - 1));
+      fill_value(bi, -a);
+      tensors.emplace_back(name, std::move(w));
+      tensors.emplace_back(base + "scales", std::move(sc));
+      tensors.emplace_back(base + "biases", std::move(bi));
+      return;
+    }
     Tensor t = Tensor::host(dt, std::move(shape));
     if (ones) fill_ones(t);
     else fill_random(t, 0.02f, seed++ * 0x100000001B3ull);
@@ -106,6 +135,11 @@ void run_synth(const std::string& shape_name, const std::string& out, const std:
       {"eos_token_id", 2},
       {"torch_dtype", dt == DType::bf16 ? "bfloat16" : "float32"},
   };
+  if (q_bits) {
+    const Json q = {{"group_size", q_group}, {"bits", q_bits}, {"mode", "affine"}};
+    cfg["quantization"] = q;
+    cfg["quantization_config"] = q;
+  }
   std::ofstream(fs::path(out) / "config.json") << cfg.dump(2) << "\n";
   std::ofstream(fs::path(out) / "generation_config.json") << Json({{"bos_token_id", 1}, {"eos_token_id", 2}}).dump(2) << "\n";
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
@@ -122,6 +156,8 @@ void add_synth(CLI::App& app) {
   auto out = std::make_shared<std::string>();
   auto dtype = std::make_shared<std::string>("bf16");
   auto force = std::make_shared<bool>(false);
+  auto q_bits = std::make_shared<int>(0);
+  auto q_group = std::make_shared<int>(64);
   std::string names;
   for (auto& s : synth_shapes()) names += (names.empty() ? "" : ", ") + s.name;
   CLI::App* cmd = app.add_subcommand("synth", "Write a random-weight model folder of a named shape (for benchmarks)");
@@ -129,7 +165,12 @@ void add_synth(CLI::App& app) {
   cmd->add_option("--out", *out, "Output folder")->required();
   cmd->add_option("--dtype", *dtype, "Weight dtype: bf16 or f32")->capture_default_str();
   cmd->add_flag("--force", *force, "Write into a folder that is not empty");
-  cmd->callback([=] { run_synth(*shape, *out, *dtype, *force); });
+  cmd->add_option("--q-bits", *q_bits,
+                  "Write the Linears and the embedding quantized (MLX affine layout) at this width: 2, 3, 4, 5, 6 "
+                  "or 8 (0: not quantized)")
+      ->capture_default_str();
+  cmd->add_option("--q-group-size", *q_group, "Group size of --q-bits: 32, 64 or 128")->capture_default_str();
+  cmd->callback([=] { run_synth(*shape, *out, *dtype, *force, *q_bits, *q_group); });
 }
 
 }  // namespace kiln::cli
