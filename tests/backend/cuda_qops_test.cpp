@@ -344,11 +344,11 @@ TEST_F(CudaQOps, StackedFourBitExpertsDropTheirMlxCopiesOnceAllAreTiled) {
 }
 
 // gated_mlp of one token through 4-bit gate/up/down takes the fused persistent kernel (qmlp.cu) and
-// gives the same bits as the separate ops (Backend's sequence on the same device: the GEMVs' quads
-// summed in the same order), and the CPU's values within bf16 tolerance. Shapes: partial quads
-// (576 = 4.5 quads, 448 = 3.5), more gate/up tiles than SMs with a down row of two ring pieces
-// (1024 x 4864: 38 quads), the benchmark's llama-3-8b MLP (4096 x 14336: four pieces per down tile),
-// and a down of more tiles than two per SM (4352 rows: its separate GEMV runs 4 warps per tile).
+// gives the separate ops' values (Backend's sequence on the same device) and the CPU's within bf16
+// tolerance (its f32 sums run in another order, so h rounded to bf16 can differ by an ulp), and the
+// same bits on a second call. Shapes: partial quads (576 = 4.5 quads, 448 = 3.5), more gate/up tiles
+// than SMs with a down row of three ring pieces (1024 x 4864: 38 quads), the benchmark's llama-3-8b
+// MLP (4096 x 14336: seven pieces per down row), and a down of more tiles than two per SM (4352 rows).
 TEST_F(CudaQOps, FusedGatedMlpMatchesTheSeparateOps) {
 #ifdef KILN_HAVE_CUDA
   Rng rng("CudaQOps.FusedGatedMlp");
@@ -380,7 +380,7 @@ TEST_F(CudaQOps, FusedGatedMlpMatchesTheSeparateOps) {
     EXPECT_EQ(cb->stats().fused_mlps, launches + 1) << "the fused kernel did not run";
     gpu_->Backend::gated_mlp(xd, gate, up, down, c.act, separate);
     const std::vector<float> got = to_floats(gpu_->to_host(fused));
-    EXPECT_EQ(got, to_floats(gpu_->to_host(separate))) << "fused and separate ops differ";
+    expect_close(got, to_floats(gpu_->to_host(separate)), 1e-2, 1.0 / 64, "fused against the separate ops");
     gpu_->gated_mlp(xd, gate, up, down, c.act, fused);
     EXPECT_EQ(to_floats(gpu_->to_host(fused)), got) << "a second identical call differs";
     Tensor ref = Tensor::host(DType::f32, {1, c.dim});

@@ -83,8 +83,9 @@ inline int q4_gemv_warps(int64_t tiles, int n_sms) { return tiles <= int64_t{n_s
 // group size, no biases; x [1, dim] bf16; h: ffn bf16 of device scratch (act(gate) * up, rounded as
 // gated_act rounds it); barrier: kQGatedMlpMaxGrid + 1 zeroed device words (the grid barrier's
 // arrival counters, one per grid size; the launch uses at most kQGatedMlpMaxGrid blocks).
-// The same bits as launch_qgemv_multi(gate, up), gated_act, launch_qgemv(down): each matrix's quads
-// are summed in the order of that GEMV (q4_gemv_warps). Persistent: one block per SM streams its
+// The values of launch_qgemv_multi(gate, up), gated_act, launch_qgemv(down) up to f32 summation order
+// (each matrix's quads are summed in another order than those GEMVs'; the same bits on every call).
+// Persistent: one block per SM streams its
 // tiles' weights into shared memory through a TMA ring while its other warps compute, so DRAM keeps
 // streaming through the activation and the grid barrier between up and down. False (nothing
 // launched) where the shared memory cannot hold the ring (q4_gated_mlp_fits).

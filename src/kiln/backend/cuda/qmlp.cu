@@ -10,15 +10,17 @@
 // tile pair of gate/up (then 16 values of h) or one down tile (16 values of y); jobs alternate
 // between two groups of 8 consumer warps, each with its own ring; a job's quads pass through the
 // ring in pieces of up to kPieceQuads quads (codes and the pairs of those quads, two bulk copies),
-// gate and up pieces interleaved. Each consumer warp plays the GEMV's warp ("virtual warp") that
-// takes the same quads in the separate launch (q4_gemv_warps), and the partial sums meet in the same
-// order, so the result has the same bits as the three separate ops.
+// gate and up pieces interleaved. Warp w of a group takes quads w, w + 8 of every piece, so all of
+// them work on each piece; the partial sums meet in a fixed order (the same bits on every run; not
+// those of the separate ops, whose warps take contiguous quad ranges). h's qx is built one piece's
+// columns at a time just before the first down pieces that read them.
 //
-// Not faster yet, so off by default (CudaBackend::set_fused_mlp; BENCHMARKS.md, eleventh session):
-// llama-3-8b's MLP alone takes 43.2 µs against 41.7 for the separate ops, and batch-1 decode drops
-// from ~424 to ~381 tok/s. Per-block timestamps showed the gate/up phase streaming at the DRAM rate
-// (~30 GB/s per SM), but ~2.7 µs before the first piece (x's qx), ~1 µs at the barrier, ~3.2 µs
-// building h's qx, and a down phase of ~9 µs for 252 KB per SM of which the ring held at most 180 KB.
+// Not faster in the model yet, so off by default (CudaBackend::set_fused_mlp; BENCHMARKS.md,
+// thirteenth session): llama-3-8b's MLP alone takes 39.8 µs against 41.7 for the separate ops, and
+// batch-1 decode is unchanged (~418 against ~420 tok/s). The eleventh session's version (each warp
+// playing one warp of the separate GEMV: a piece fed one or two warps) took 43.2 µs; its per-block
+// timestamps showed the gate/up phase streaming at the DRAM rate (~30 GB/s per SM), ~2.7 µs before
+// the first piece (x's qx), ~1 µs at the barrier, ~3.2 µs building h's qx, and a ~9 µs down phase.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -42,7 +44,7 @@ constexpr int kFixedSmem = 2 * kMaxSlots * 8 + kGroups * 2 * 2 * kGroupWarps * 1
 // Shared memory: [full mbarriers][empty mbarriers][red][x or h as qx: codes, meta][ring slots].
 struct MlpPlan {
   int64_t dim, ffn, qd, qf;  // gate/up in (= down out), ffn; quads per row of each
-  int slots, slot_bytes, pair_quad_bytes, wgu, wd;  // slots: per group
+  int slots, slot_bytes, pair_quad_bytes;  // slots: per group
   int64_t qx_codes_off, qx_meta_off, ring_off, smem;
 };
 
@@ -158,15 +160,6 @@ __device__ void qx_to_shared(const __nv_bfloat16* src, int64_t cols, int64_t qua
   }
 }
 
-// The virtual warp (warp vw of the W in the separate GEMV's block, which takes quads [vw Q / W,
-// (vw + 1) Q / W) of a tile) that warp cw of a consumer group plays for matrix m (0 gate, 1 up, 2 down),
-// or -1: W = 8 maps warp to warp; W = 4 gives gate and down to warps 0-3 and up to warps 4-7.
-__device__ __forceinline__ int virtual_warp(int W, int m, int cw) {
-  if (W == 8) return cw;
-  if (m == 1) return cw >= 4 ? cw - 4 : -1;
-  return cw < 4 ? cw : -1;
-}
-
 template <typename ST, int GS>
 __global__ void __launch_bounds__(kThreads, 1)
     q4_gated_mlp_kernel(QGatedMlp m, MlpPlan p, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* h, void* y,
@@ -219,8 +212,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int64_t tile = gu0; tile < gu1; ++tile, ++j)
       for (int64_t pc = 0; pc < pin; ++pc)
         issue(j % kGroups, m.gate, p.qd, tile, pc), issue(j % kGroups, m.up, p.qd, tile, pc);
-    for (int64_t tile = dn0; tile < dn1; ++tile, ++j)
-      for (int64_t pc = 0; pc < pff; ++pc) issue(j % kGroups, m.down, p.qf, tile, pc);
+    // Down: the groups' tiles kGroups at a time, piece-major, as the consumers take them (both groups
+    // advance together through the first ones while h's qx is built chunk by chunk).
+    for (int64_t t0 = dn0; t0 < dn1; t0 += kGroups)
+      for (int64_t pc = 0; pc < pff; ++pc)
+        for (int64_t tile = t0; tile < dn1 && tile < t0 + kGroups; ++tile)
+          issue((j + tile - dn0) % kGroups, m.down, p.qf, tile, pc);
     return;
   }
 
@@ -228,20 +225,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int grp = warp / kGroupWarps, gw = warp % kGroupWarps, gt = threadIdx.x % (kGroupWarps * 32);
   pdl_wait();  // x is the previous kernel's output; h and y may still be read by earlier kernels
   uint32_t k = 0;  // pieces this group consumed
-  // Piece pc (quads [q0, q1) of a tile of Q quads per row) into acc: the quads of virtual warp vw of W
-  // in it (vw takes [vw Q / W, (vw + 1) Q / W), as in the separate GEMV), in order.
-  auto consume = [&](int64_t Q, int W, int vw, int64_t pc, float (&acc)[4]) {
+  // Piece pc (quads [q0, q1) of a tile of Q quads per row) into acc: quads q0 + gw, q0 + gw + 8, ...
+  // of it, so that every warp of the group works on every piece.
+  auto consume = [&](int64_t Q, int64_t pc, float (&acc)[4]) {
     const int s = grp * p.slots + static_cast<int>(k % p.slots);
     mbar_wait(&full[s], (k / p.slots) & 1);
     const int64_t q0 = pc * kPieceQuads, q1 = Q < q0 + kPieceQuads ? Q : q0 + kPieceQuads;
-    const int64_t b = vw < 0 ? q1 : vw * Q / W, e = vw < 0 ? q1 : (vw + 1) * Q / W;
     const auto* codes = reinterpret_cast<const uint4*>(ring + int64_t{s} * p.slot_bytes);
     const auto* pairs = reinterpret_cast<const uint32_t*>(ring + int64_t{s} * p.slot_bytes + kPieceQuads * 1024);
     const auto* xq = reinterpret_cast<const uint4*>(qx_codes) + q0 * 16 + t;
     const float2* mq = qx_meta + q0 * GPQ;
-    const int hi = static_cast<int>((e < q1 ? e : q1) - q0);
+    const int hi = static_cast<int>(q1 - q0);
 #pragma unroll 1
-    for (int i = static_cast<int>((b > q0 ? b : q0) - q0); i < hi; ++i) {
+    for (int i = gw; i < hi; i += kGroupWarps) {
       const uint4* c = codes + i * 64;
       const uint32_t* pp = pairs + i * 16 * PW;
       uint32_t pl[PW], ph[PW];
@@ -262,7 +258,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) mbar_arrive(&empty[s]);
     ++k;
   };
-  const int vg = virtual_warp(p.wgu, 0, gw), vu = virtual_warp(p.wgu, 1, gw), vd = virtual_warp(p.wd, 2, gw);
   int64_t j = 0, jg = 0;  // block jobs passed, this group's jobs done
 
   if (gu1 > gu0) {
@@ -272,17 +267,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int64_t tile = gu0; tile < gu1; ++tile, ++j) {
     if (j % kGroups != grp) continue;
     float ag[4] = {0.0f, 0.0f, 0.0f, 0.0f}, au[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t pc = 0; pc < pin; ++pc) consume(p.qd, p.wgu, vg, pc, ag), consume(p.qd, p.wgu, vu, pc, au);
+    for (int64_t pc = 0; pc < pin; ++pc) consume(p.qd, pc, ag), consume(p.qd, pc, au);
     float(*rd)[kGroupWarps][16] = red[grp][jg++ & 1];
     if (t == 0) {
-      if (vg >= 0) rd[0][vg][g] = ag[0], rd[0][vg][g + 8] = ag[2];
-      if (vu >= 0) rd[1][vu][g] = au[0], rd[1][vu][g + 8] = au[2];
+      rd[0][gw][g] = ag[0], rd[0][gw][g + 8] = ag[2];
+      rd[1][gw][g] = au[0], rd[1][gw][g + 8] = au[2];
     }
     group_sync(grp);
     const int64_t row = tile * 16 + gt;
     if (gt < 16 && row < p.ffn) {
       float gv = 0.0f, uv = 0.0f;
-      for (int w = 0; w < p.wgu; ++w) gv += rd[0][w][gt], uv += rd[1][w][gt];
+      for (int w = 0; w < kGroupWarps; ++w) gv += rd[0][w][gt], uv += rd[1][w][gt];
       const float gr = to_f(from_f<__nv_bfloat16>(gv)), ur = to_f(from_f<__nv_bfloat16>(uv));  // gate / up as stored
       h[row] = from_f<__nv_bfloat16>(act_f(gr, m.act) * ur);
     }
@@ -292,21 +287,50 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) grid_barrier(barrier, dn1 > dn0);
   if (dn1 == dn0) return;
   consumers_sync();
-  qx_to_shared<GS>(h, p.ffn, p.qf, qx_codes, qx_meta);
-  consumers_sync();
-  for (int64_t tile = dn0; tile < dn1; ++tile, ++j) {
-    if (j % kGroups != grp) continue;
-    float ad[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t pc = 0; pc < pff; ++pc) consume(p.qf, p.wd, vd, pc, ad);
+  // h's qx is built one chunk of kPieceQuads quads at a time (one 4-value slot per consumer thread),
+  // each just before the pieces that use it, with its loads issued a piece ahead: the L2 latency of
+  // reading h is exposed once instead of before the first piece for the whole row.
+  constexpr int64_t kChunkCols = kPieceQuads * 128;
+  static_assert(kChunkCols == kConsumers * 32 * 4, "one 4-value slot per consumer thread and chunk");
+  auto h_slot = [&](int64_t pc) {
+    const int64_t col = pc * kChunkCols + threadIdx.x * 4;
+    return col < p.ffn ? __ldcg(reinterpret_cast<const uint2*>(h + col)) : make_uint2(0u, 0u);
+  };
+  auto store_down = [&](int64_t tile, const float (&ad)[4]) {
     float(*rd)[kGroupWarps][16] = red[grp][jg++ & 1];
-    if (t == 0 && vd >= 0) rd[0][vd][g] = ad[0], rd[0][vd][g + 8] = ad[2];
+    if (t == 0) rd[0][gw][g] = ad[0], rd[0][gw][g + 8] = ad[2];
     group_sync(grp);
     const int64_t row = tile * 16 + gt;
     if (gt < 16 && row < p.dim) {
       float v = 0.0f;
-      for (int w = 0; w < p.wd; ++w) v += rd[0][w][gt];
+      for (int w = 0; w < kGroupWarps; ++w) v += rd[0][w][gt];
       store_s(y, yt, row, v);
     }
+  };
+  // This group's down tiles: dn0 + i for the block's job j + i, of group (j + i) % kGroups.
+  const int64_t first = dn0 + (grp - j % kGroups + kGroups) % kGroups;
+  float ad[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint2 hv = h_slot(0);
+  for (int64_t pc = 0; pc < pff; ++pc) {
+    const int64_t col = pc * kChunkCols + threadIdx.x * 4;
+    if (col < p.qf * 128) {  // whole warps (qf * 128 columns are whole 32-slot runs)
+      float f[4];
+      bf16x4_to_f(hv, f);
+      uint32_t hi, lo;
+      float2 dS;
+      qx_encode4<GS>(f, hi, lo, dS);
+      qx_put_codes(qx_codes + (col / 32) * 16, col, hi, lo);
+      if (col % GS == 0) qx_meta[col / GS] = dS;
+    }
+    if (pc + 1 < pff) hv = h_slot(pc + 1);
+    consumers_sync();
+    if (first < dn1) consume(p.qf, pc, ad);
+  }
+  if (first < dn1) store_down(first, ad);
+  for (int64_t tile = first + kGroups; tile < dn1; tile += kGroups) {
+    float a2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t pc = 0; pc < pff; ++pc) consume(p.qf, pc, a2);
+    store_down(tile, a2);
   }
 #else
   __trap();  // launch_q4_gated_mlp launches only on sm_90 and later
@@ -319,10 +343,8 @@ bool q4_gated_mlp_fits(const QGatedMlp& m) { return plan_for(m).slots >= 2; }
 
 void launch_q4_gated_mlp(const QGatedMlp& m, const void* x, void* h, void* y, Dt yt, unsigned long long* barrier,
                          int n_sms, cudaStream_t s) {
-  MlpPlan p = plan_for(m);
+  const MlpPlan p = plan_for(m);
   const int64_t tf = (p.ffn + 15) / 16, td = (p.dim + 15) / 16;
-  p.wgu = q4_gemv_warps(2 * tf, n_sms);  // as the separate gate/up launch (both matrices' tiles) and down
-  p.wd = q4_gemv_warps(td, n_sms);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>({n_sms, kQGatedMlpMaxGrid, std::max(tf, td)}));
   dispatch(m.gate.sdt, [&]<typename ST>() {
     if constexpr (sizeof(ST) == 2) {
