@@ -12,15 +12,15 @@
 // ring in pieces of up to kPieceQuads quads (codes and the pairs of those quads, two bulk copies),
 // gate and up pieces interleaved. Warp w of a group takes quads w, w + 8 of every piece, so all of
 // them work on each piece; the partial sums meet in a fixed order (the same bits on every run; not
-// those of the separate ops, whose warps take contiguous quad ranges). h's qx is built one piece's
-// columns at a time just before the first down pieces that read them.
+// those of the separate ops, whose warps take contiguous quad ranges).
 //
 // Not faster in the model yet, so off by default (CudaBackend::set_fused_mlp; BENCHMARKS.md,
-// thirteenth session): llama-3-8b's MLP alone takes 39.8 µs against 41.7 for the separate ops, and
-// batch-1 decode is unchanged (~418 against ~420 tok/s). The eleventh session's version (each warp
-// playing one warp of the separate GEMV: a piece fed one or two warps) took 43.2 µs; its per-block
-// timestamps showed the gate/up phase streaming at the DRAM rate (~30 GB/s per SM), ~2.7 µs before
-// the first piece (x's qx), ~1 µs at the barrier, ~3.2 µs building h's qx, and a ~9 µs down phase.
+// thirteenth session): llama-3-8b's MLP alone takes 38.8 µs against 42.0 for the separate ops, but
+// batch-1 decode is no faster (median 404.5 against 413.4 tok/s, within the spread). The eleventh
+// session's version (each warp playing one warp of the separate GEMV, so a piece fed one or two
+// warps) took 43.2 µs. Per-block timestamps of this one (µs from the first block's entry): x's qx
+// 1.7, gate/up done 16.9 (mean) / 18.9 (last block), barrier passed 21.5, h's qx 24.8 (one L2 round
+// trip under the ring's traffic), producer done issuing 27.9, down done 30.8 / 31.3.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -212,12 +212,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int64_t tile = gu0; tile < gu1; ++tile, ++j)
       for (int64_t pc = 0; pc < pin; ++pc)
         issue(j % kGroups, m.gate, p.qd, tile, pc), issue(j % kGroups, m.up, p.qd, tile, pc);
-    // Down: the groups' tiles kGroups at a time, piece-major, as the consumers take them (both groups
-    // advance together through the first ones while h's qx is built chunk by chunk).
-    for (int64_t t0 = dn0; t0 < dn1; t0 += kGroups)
-      for (int64_t pc = 0; pc < pff; ++pc)
-        for (int64_t tile = t0; tile < dn1 && tile < t0 + kGroups; ++tile)
-          issue((j + tile - dn0) % kGroups, m.down, p.qf, tile, pc);
+    for (int64_t tile = dn0; tile < dn1; ++tile, ++j)
+      for (int64_t pc = 0; pc < pff; ++pc) issue(j % kGroups, m.down, p.qf, tile, pc);
     return;
   }
 
@@ -287,16 +283,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) grid_barrier(barrier, dn1 > dn0);
   if (dn1 == dn0) return;
   consumers_sync();
-  // h's qx is built one chunk of kPieceQuads quads at a time (one 4-value slot per consumer thread),
-  // each just before the pieces that use it, with its loads issued a piece ahead: the L2 latency of
-  // reading h is exposed once instead of before the first piece for the whole row.
-  constexpr int64_t kChunkCols = kPieceQuads * 128;
-  static_assert(kChunkCols == kConsumers * 32 * 4, "one 4-value slot per consumer thread and chunk");
-  auto h_slot = [&](int64_t pc) {
-    const int64_t col = pc * kChunkCols + threadIdx.x * 4;
-    return col < p.ffn ? __ldcg(reinterpret_cast<const uint2*>(h + col)) : make_uint2(0u, 0u);
-  };
-  auto store_down = [&](int64_t tile, const float (&ad)[4]) {
+  qx_to_shared<GS>(h, p.ffn, p.qf, qx_codes, qx_meta);
+  consumers_sync();
+  for (int64_t tile = dn0; tile < dn1; ++tile, ++j) {
+    if (j % kGroups != grp) continue;
+    float ad[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t pc = 0; pc < pff; ++pc) consume(p.qf, pc, ad);
     float(*rd)[kGroupWarps][16] = red[grp][jg++ & 1];
     if (t == 0) rd[0][gw][g] = ad[0], rd[0][gw][g + 8] = ad[2];
     group_sync(grp);
@@ -306,31 +298,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int w = 0; w < kGroupWarps; ++w) v += rd[0][w][gt];
       store_s(y, yt, row, v);
     }
-  };
-  // This group's down tiles: dn0 + i for the block's job j + i, of group (j + i) % kGroups.
-  const int64_t first = dn0 + (grp - j % kGroups + kGroups) % kGroups;
-  float ad[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  uint2 hv = h_slot(0);
-  for (int64_t pc = 0; pc < pff; ++pc) {
-    const int64_t col = pc * kChunkCols + threadIdx.x * 4;
-    if (col < p.qf * 128) {  // whole warps (qf * 128 columns are whole 32-slot runs)
-      float f[4];
-      bf16x4_to_f(hv, f);
-      uint32_t hi, lo;
-      float2 dS;
-      qx_encode4<GS>(f, hi, lo, dS);
-      qx_put_codes(qx_codes + (col / 32) * 16, col, hi, lo);
-      if (col % GS == 0) qx_meta[col / GS] = dS;
-    }
-    if (pc + 1 < pff) hv = h_slot(pc + 1);
-    consumers_sync();
-    if (first < dn1) consume(p.qf, pc, ad);
-  }
-  if (first < dn1) store_down(first, ad);
-  for (int64_t tile = first + kGroups; tile < dn1; tile += kGroups) {
-    float a2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t pc = 0; pc < pff; ++pc) consume(p.qf, pc, a2);
-    store_down(tile, a2);
   }
 #else
   __trap();  // launch_q4_gated_mlp launches only on sm_90 and later
