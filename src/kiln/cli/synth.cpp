@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Fills t with uniform values of standard deviation `std` (a counter-based hash: parallel and reproducible).
+// Fills t with uniform values of standard deviation `std` (a counter-based hash: parallel and
+// reproducible); u32 tensors get the hash's random words (packed quantized codes).
 void fill_random(Tensor& t, float std, uint64_t seed) {
   const float a = std * 1.7320508f;  // uniform on [-a, a] has std a/sqrt(3)
   const int64_t n = t.numel();
@@ -37,13 +38,6 @@ void fill_random(Tensor& t, float std, uint64_t seed) {
       else t.ptr<uint16_t>()[i] = f32_to_bf16(v);
     }
   }, 1 << 16);
-}
-
-void fill_ones(Tensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (t.dtype == DType::f32) t.ptr<float>()[i] = 1.0f;
-    else t.ptr<uint16_t>()[i] = f32_to_bf16(1.0f);
-  }
 }
 
 void fill_value(Tensor& t, float v) {
@@ -85,7 +79,7 @@ void run_synth(const std::string& shape_name, const std::string& out, const std:
       return;
     }
     Tensor t = Tensor::host(dt, std::move(shape));
-    if (ones) fill_ones(t);
+    if (ones) fill_value(t, 1.0f);
     else fill_random(t, 0.02f, seed++ * 0x100000001B3ull);
     tensors.emplace_back(name, std::move(t));
   };
