@@ -19,8 +19,8 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
 bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x,
                             std::span<const Weight* const> ws, std::span<Tensor* const> ys);
 // gated_mlp's 4-bit case: one token through 4-bit gate/up/down of one scale dtype (bf16 or f16) and
-// group size, without biases, in one launch (launch_q4_gated_mlp; the same bits as the separate
-// ops); returns false (nothing done) otherwise, and the caller runs Backend's sequence.
+// group size, without biases, in one launch (launch_q4_gated_mlp; the separate ops' values up to f32
+// summation order); returns false (nothing done) otherwise, and the caller runs Backend's sequence.
 bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& gate,
                          const Weight& up, const Weight& down, Activation act, Tensor& out);
 // out [n, dim] = dequantized rows ids[t] of the table (ids outside [0, vocab) give zero rows).

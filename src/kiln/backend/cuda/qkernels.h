@@ -85,10 +85,10 @@ inline int q4_gemv_warps(int64_t tiles, int n_sms) { return tiles <= int64_t{n_s
 // arrival counters, one per grid size; the launch uses at most kQGatedMlpMaxGrid blocks).
 // The values of launch_qgemv_multi(gate, up), gated_act, launch_qgemv(down) up to f32 summation order
 // (each matrix's quads are summed in another order than those GEMVs'; the same bits on every call).
-// Persistent: one block per SM streams its
-// tiles' weights into shared memory through a TMA ring while its other warps compute, so DRAM keeps
-// streaming through the activation and the grid barrier between up and down. False (nothing
-// launched) where the shared memory cannot hold the ring (q4_gated_mlp_fits).
+// Persistent: one block per SM streams its tiles' weights into shared memory through a TMA ring while
+// its other warps compute, so DRAM keeps streaming through the activation and the grid barrier
+// between up and down. Nothing is launched where the shared memory cannot hold the ring
+// (q4_gated_mlp_fits is false).
 struct QGatedMlp {
   QWeightArgs gate, up, down;
   int act;  // Activation: 0 silu, 1 gelu_tanh, 2 gelu
