@@ -38,6 +38,27 @@ struct AttnParams {
 
 enum class Activation { silu, gelu_tanh, gelu };
 
+// One layer of a Llama-style pre-norm decoder, by reference (Backend::decoder_stack): the weights
+// stay owned by the model, the caches by the KV cache.
+struct DecoderLayerRef {
+  const Tensor* attn_norm = nullptr;  // [dim]
+  const Tensor* mlp_norm = nullptr;
+  const Weight *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  const Weight *gate = nullptr, *up = nullptr, *down = nullptr;
+  Tensor* k_cache = nullptr;  // [n_blocks, block_size, n_kv_heads * head_dim]
+  Tensor* v_cache = nullptr;
+  int window = 0;  // sliding window in tokens, 0 = full
+};
+struct DecoderStackArgs {
+  std::span<const DecoderLayerRef> layers;
+  AttnParams attn;  // heads, head_dim, scale, softcap, block_size, max_blocks (window: per layer)
+  Activation act = Activation::silu;
+  float eps = 1e-5f;
+  Tensor inv_freq;  // f32 [head_dim / 2]
+  float attn_factor = 1.0f;
+  Tensor positions, slots, block_tables, token_seq;  // the step's inputs (one token)
+};
+
 // One MoE expert's gated MLP, by reference (the weights stay owned by the model):
 // y = down(act(gate(x)) * up(x)); gate/up [ffn, dim], down [dim, ffn].
 struct ExpertWeights {
@@ -149,6 +170,12 @@ class Backend {
   // [n, ffn] buffers, gated_act into the gate buffer, matmul down (gate/up [ffn, dim], down [dim, ffn]).
   virtual void gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
                          Tensor& out);
+  // Every layer of a one-token decode step in one go, where the backend has such a path: x [1, dim]
+  // the residual after the embedding becomes the residual after the last layer (its MLP output
+  // added). Per layer: x += o(attention(rope_kv_write(q, k, v of rms_norm(x, attn_norm)))), then
+  // x += gated_mlp(rms_norm(x, mlp_norm)) — the values of those ops up to summation order. Returns
+  // false (nothing done) where it cannot (the default); the model then runs the layers op by op.
+  virtual bool decoder_stack(const DecoderStackArgs& a, Tensor& x) { return false; }
 
   // ---- MoE (qwen3_moe, mixtral). The defaults are the host routing of the reference (they read
   // the router logits / expert ids back to the host); CUDA keeps decode-sized batches on the device.

@@ -74,7 +74,8 @@ class Llama final : public Model {
     const float eps = static_cast<float>(c.rms_norm_eps);
     // Each residual add is fused with the norm that follows it (add_rms_norm): the MLP output y of
     // layer l is added at layer l + 1's attention norm, the last one at the final norm.
-    for (size_t l = 0; l < layers_.size(); ++l) {
+    const bool stacked = n == 1 && run_stack(be, c, ao, rope, in, cache, x);  // every layer in one go
+    for (size_t l = 0; l < layers_.size() && !stacked; ++l) {
       const LlamaLayer& L = layers_[l];
       ao.window = L.window;
       if (l == 0) be.rms_norm(x, L.attn_norm, eps, false, h);
@@ -85,7 +86,7 @@ class Llama final : public Model {
       else mlp_block(be, L.mlp, act_, h, y);
     }
     return output_logits(be, x, in, final_norm_, eps, false, head_, 0.0f, batch, graphed,
-                         layers_.empty() ? nullptr : &y);
+                         stacked || layers_.empty() ? nullptr : &y);
   }
 
  private:
@@ -94,6 +95,38 @@ class Llama final : public Model {
   Tensor final_norm_;
   std::vector<LlamaLayer> layers_;
   bool has_moe_ = false;
+
+  // Backend::decoder_stack over every layer (dense layers without per-head q/k norms); false
+  // where the backend has no such path for them (nothing done).
+  bool run_stack(backend::Backend& be, const ModelConfig& c, const AttentionOptions& ao, const DeviceRope& rope,
+                 const StepInputs& in, KvCache& cache, Tensor& x) const {
+    if (has_moe_ || layers_.empty()) return false;
+    std::vector<backend::DecoderLayerRef> refs;
+    refs.reserve(layers_.size());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const LlamaLayer& L = layers_[l];
+      if (!L.attn.q_norm.empty()) return false;
+      refs.push_back({&L.attn_norm, &L.mlp_norm, &L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.mlp.gate, &L.mlp.up,
+                      &L.mlp.down, &cache.k[l], &cache.v[l], L.window});
+    }
+    backend::DecoderStackArgs a;
+    a.layers = refs;
+    a.attn.n_heads = c.n_heads;
+    a.attn.n_kv_heads = c.n_kv_heads;
+    a.attn.head_dim = c.head_dim;
+    a.attn.scale = ao.scale;
+    a.attn.block_size = cache.block_size;
+    a.attn.max_blocks = in.max_blocks;
+    a.act = act_;
+    a.eps = static_cast<float>(c.rms_norm_eps);
+    a.inv_freq = rope.inv_freq;
+    a.attn_factor = rope.attn_factor;
+    a.positions = in.positions;
+    a.slots = in.slots;
+    a.block_tables = in.block_tables;
+    a.token_seq = in.token_seq;
+    return be.decoder_stack(a, x);
+  }
 
   // True when every MoE layer runs n tokens on the device (Backend::moe_on_device); dense models: true.
   bool moe_on_device(const backend::Backend& be, int64_t n) const {

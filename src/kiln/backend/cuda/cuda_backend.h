@@ -17,6 +17,7 @@ struct CudaStats {
   int64_t graph_captures = 0, graph_replays = 0;
   int64_t arena_bytes = 0, weight_bytes = 0;
   int64_t fused_mlps = 0;  // launches of the fused 4-bit gated MLP (one token)
+  int64_t fused_decoders = 0;  // launches of the 4-bit decoder stack (one token, every layer)
 };
 
 // Which attention kernel runs; auto picks the tensor-core prefill kernel when most tokens are
@@ -70,6 +71,10 @@ class CudaBackend final : public Backend {
   // set_fused_mlp is on, else Backend's separate ops.
   void gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
                  Tensor& out) override;
+  // One token through every layer in one persistent launch (cuda_qops.cpp, qdecoder.cu) when all
+  // seven matrices of every layer are 4-bit of one group size and the shapes fit the kernel
+  // (q4_decoder_fits) and set_fused_decoder is on (the default).
+  bool decoder_stack(const DecoderStackArgs& a, Tensor& x) override;
   // Device sampling (cuda_sampling.cpp, kernels in sampling.cu).
   void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
                    Tensor& ids) override;
@@ -92,6 +97,8 @@ class CudaBackend final : public Backend {
   // The fused 4-bit gated MLP (gated_mlp): off by default (not faster yet, BENCHMARKS.md);
   // KILN_CUDA_FUSED_MLP=1 or this turns it on.
   void set_fused_mlp(bool on);
+  // The 4-bit decoder stack (decoder_stack): on by default; KILN_CUDA_FUSED_DECODER=0 or this turns it off.
+  void set_fused_decoder(bool on);
   // KILN_CUDA_PROFILE=1: every op is timed with events (graphs off); report() prints a table.
   std::string profile_report() const;
   // Free and total device memory in bytes.

@@ -69,6 +69,11 @@ void CudaBackend::gated_mlp(const Tensor& x, const Weight& gate, const Weight& u
   Backend::gated_mlp(x, gate, up, down, act, out);
 }
 
+bool CudaBackend::decoder_stack(const DecoderStackArgs& a, Tensor& x) {
+  x.sidecar.reset();  // written here (TensorSidecar)
+  return fused_enabled() && quantized_decoder_stack(*this, *impl_, a, x);
+}
+
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
                                 float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
   q.sidecar.reset(), k.sidecar.reset();  // written here (TensorSidecar)

@@ -80,6 +80,7 @@ struct CudaBackend::Impl {
   // The fused gated MLP (set_fused_mlp) and its grid barrier counters (launch_q4_gated_mlp),
   // kQGatedMlpMaxGrid + 1 words.
   bool fused_mlp = false;
+  bool fused_decoder = true;  // set_fused_decoder
   unsigned long long* grid_barrier = nullptr;
   CudaStats stats;
   AttnKernel attn_kernel = AttnKernel::automatic;

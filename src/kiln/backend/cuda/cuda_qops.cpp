@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <memory>
 
 #include "kiln/backend/cuda/qkernels.h"
 
@@ -239,6 +240,74 @@ bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x
   launch_q4_gated_mlp(m, xb.data, h.data, out.data, dt_of(out, "gated_mlp", "out"), im.grid_barrier, im.n_sms,
                       im.stream);
   ++im.stats.fused_mlps;
+  return true;
+}
+
+bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const DecoderStackArgs& a, Tensor& x) {
+  const AttnParams& ap = a.attn;
+  auto on_device = [](const Tensor& t, DType dt) { return !t.empty() && t.device == Device::cuda && t.dtype == dt; };
+  if (!im.fused_decoder || a.layers.empty() || a.layers.size() > static_cast<size_t>(kQDecoderMaxLayers) ||
+      x.rows() != 1 || !on_device(x, DType::bf16) || ap.softcap > 0.0f || ap.n_kv_heads <= 0 ||
+      int64_t{ap.block_size} * ap.max_blocks > kDecoderMaxKeys || !on_device(a.inv_freq, DType::f32) ||
+      a.inv_freq.numel() * 2 != ap.head_dim || !on_device(a.block_tables, DType::i32))
+    return false;
+  for (const Tensor* t : {&a.positions, &a.slots, &a.token_seq})
+    if (!on_device(*t, DType::i32) || t->numel() != 1) return false;
+  const DecoderLayerRef& first = a.layers[0];
+  const int64_t dim = x.cols(), hd = ap.head_dim, q_out = ap.n_heads * hd, kv_out = ap.n_kv_heads * hd;
+  const int64_t ffn = first.gate ? first.gate->out_features() : 0;
+  const int gs = first.q ? first.q->group_size : 0;
+  const DType sdt = first.q ? first.q->scales.dtype : DType::f32;
+  if (sdt == DType::f32) return false;
+  auto d = std::make_unique<QDecoder>();  // ~15 KB: the kernel's parameter
+  d->n_layers = static_cast<int>(a.layers.size());
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    const DecoderLayerRef& L = a.layers[l];
+    const Weight* ws[] = {L.q, L.k, L.v, L.o, L.gate, L.up, L.down};
+    const int64_t outs[] = {q_out, kv_out, kv_out, dim, ffn, ffn, dim}, ins[] = {dim, dim, dim, q_out, dim, dim, ffn};
+    for (int i = 0; i < 7; ++i) {
+      const Weight* w = ws[i];
+      if (!w || !w->quantized() || w->bits != 4 || !w->bias.empty() || w->group_size != gs || w->scales.dtype != sdt ||
+          w->out_features() != outs[i] || w->in_features() != ins[i])
+        return false;
+    }
+    for (const Tensor* n : {L.attn_norm, L.mlp_norm})
+      if (!n || n->dtype != DType::bf16 || n->numel() != dim) return false;
+    for (const Tensor* c : {L.k_cache, L.v_cache})
+      if (!c || !on_device(*c, DType::bf16) || c->numel() % kv_out != 0) return false;
+    if (L.k_cache->numel() != L.v_cache->numel()) return false;
+  }
+  d->dim = dim, d->ffn = ffn, d->n_heads = ap.n_heads, d->n_kv_heads = ap.n_kv_heads, d->head_dim = hd;
+  d->n_slots = first.k_cache->numel() / kv_out;
+  d->sdt = sdt == DType::bf16 ? Dt::bf16 : Dt::f16, d->group_size = gs, d->act = static_cast<int>(a.act);
+  d->eps = a.eps, d->scale = ap.scale, d->attn_factor = a.attn_factor;
+  if (!q4_decoder_fits(*d)) return false;
+  for (size_t l = 0; l < a.layers.size(); ++l) {  // resident now (4-bit weights are tiled at their first use)
+    const DecoderLayerRef& L = a.layers[l];
+    QDecoderLayer& o = d->layers[l];
+    const Weight* ws[] = {L.q, L.k, L.v, L.o, L.gate, L.up, L.down};
+    for (int i = 0; i < 7; ++i) {
+      const QResident r = resident_quantized(im, *ws[i], "decoder_stack");
+      o.codes[i] = r.args.w, o.pairs[i] = r.args.pairs;
+    }
+    o.attn_norm = im.resident_of(*L.attn_norm, "decoder_stack").data;
+    o.mlp_norm = im.resident_of(*L.mlp_norm, "decoder_stack").data;
+    o.k_cache = L.k_cache->data, o.v_cache = L.v_cache->data;
+    o.window = L.window;
+  }
+  d->inv_freq = static_cast<const float*>(a.inv_freq.data);
+  d->pos = static_cast<const int32_t*>(a.positions.data);
+  d->slots = static_cast<const int32_t*>(a.slots.data);
+  d->token_seq = static_cast<const int32_t*>(a.token_seq.data);
+  d->block_tables = static_cast<const int32_t*>(a.block_tables.data);
+  d->block_size = ap.block_size, d->max_blocks = ap.max_blocks;
+  Tensor qkv = be.alloc(DType::bf16, {q_out + 2 * kv_out}), attn = be.alloc(DType::bf16, {q_out}),
+         h = be.alloc(DType::bf16, {ffn});
+  d->x = x.data, d->qkv = qkv.data, d->attn = attn.data, d->h = h.data;
+  if (im.skip()) return true;
+  ProfScope ps(im, "decoder_stack (4-bit)");
+  launch_q4_decoder(*d, im.grid_barrier, im.n_sms, im.stream);
+  ++im.stats.fused_decoders;
   return true;
 }
 

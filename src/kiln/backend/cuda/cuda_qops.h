@@ -23,6 +23,13 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
 // summation order); returns false (nothing done) otherwise, and the caller runs Backend's sequence.
 bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& gate,
                          const Weight& up, const Weight& down, Activation act, Tensor& out);
+// decoder_stack's 4-bit case (launch_q4_decoder): returns false (nothing done) unless it is on
+// (Impl::fused_decoder), x is one bf16 token, every layer's seven matrices are 4-bit of one group
+// size and 2-byte scale dtype without biases, the norms and caches bf16, no softcap, full rotary,
+// the shapes fit q4_decoder_fits and the context at most kDecoderMaxKeys keys (its attention is a
+// block per query head: fine for a chat turn, slower than the split-K kernel for long contexts).
+constexpr int64_t kDecoderMaxKeys = 4096;
+bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const DecoderStackArgs& a, Tensor& x);
 // out [n, dim] = dequantized rows ids[t] of the table (ids outside [0, vocab) give zero rows).
 void quantized_embedding(CudaBackend& be, CudaBackend::Impl& im, const Weight& table, const Tensor& ids, Tensor& out);
 

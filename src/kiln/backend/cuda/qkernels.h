@@ -97,6 +97,40 @@ constexpr int kQGatedMlpMaxGrid = 1024;
 bool q4_gated_mlp_fits(const QGatedMlp& m);
 void launch_q4_gated_mlp(const QGatedMlp& m, const void* x, void* h, void* y, Dt yt, unsigned long long* barrier,
                          int n_sms, cudaStream_t s);
+// One decode token (one sequence) through a stack of Llama-style pre-norm decoder layers in one
+// persistent launch (qdecoder.cu): per layer x += o(attention(rope(q, k, v of rms_norm(x)))), then
+// x += down(act(gate(n)) * up(n)) with n = rms_norm(x). All seven matrices of every layer 4-bit
+// tiled, one scale dtype (bf16 or f16) and group size, no biases; bf16 activations, norms and
+// caches; head_dim 64 or 128, full rotary, no softcap. The values of the separate ops (rms_norm /
+// add_rms_norm, launch_qgemv_multi, rope_kv_write, attention, gated_act) up to f32 summation order.
+// barrier: as launch_q4_gated_mlp's. Nothing is launched where q4_decoder_fits is false.
+constexpr int kQDecoderMaxLayers = 96, kQDecoderMaxDim = 8192;
+struct QDecoderLayer {
+  const void* attn_norm;  // bf16 [dim]
+  const void* mlp_norm;
+  const void* codes[7];  // q, k, v, o, gate, up, down: the tiled codes and (scale, bias) pairs
+  const void* pairs[7];
+  void* k_cache;  // bf16 [n_slots, n_kv_heads * head_dim]
+  void* v_cache;
+  int window;  // sliding window in tokens, 0 = full
+};
+struct QDecoder {
+  QDecoderLayer layers[kQDecoderMaxLayers];  // a __grid_constant__ kernel parameter (~15 KB)
+  int n_layers;
+  int64_t dim, ffn, n_heads, n_kv_heads, head_dim, n_slots;
+  Dt sdt;
+  int group_size, act;  // act: Activation (0 silu, 1 gelu_tanh, 2 gelu)
+  float eps, scale, attn_factor;
+  const float* inv_freq;                      // [head_dim / 2]
+  const int32_t *pos, *slots, *token_seq;     // [1]
+  const int32_t* block_tables;                // [n_seqs, max_blocks]
+  int block_size, max_blocks;
+  void* x;                    // bf16 [dim]: the residual, in and out
+  void *qkv, *attn, *h;       // bf16 scratch: [q_out + 2 kv_out], [q_out], [ffn]
+};
+bool q4_decoder_fits(const QDecoder& d);
+void launch_q4_decoder(const QDecoder& d, unsigned long long* barrier, int n_sms, cudaStream_t s);
+
 // dst [n_rows, in] (dtype dt: bf16 or f32) = dequantized rows of w (scale * q + bias in f32, one
 // rounding): row i is w's row rows[i], or r0 + i when rows is null; rows outside [0, out) give zeros.
 // Either layout.

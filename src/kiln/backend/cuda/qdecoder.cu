@@ -1,0 +1,344 @@
+// A whole stack of Llama-style decoder layers for one decode token in one persistent launch
+// (qkernels.h: launch_q4_decoder). A batch-1 step of separate kernels leaves DRAM idle at every
+// kernel boundary (~7 per layer: the small kernels' latency chains and each GEMV's ramp-up and last
+// wave; BENCHMARKS.md). Here one block per SM runs every layer: its producer warp streams the
+// block's tiles of every matrix of every layer, in the order they are used, through the ring of
+// qring.cuh, and never waits for activations — only for free slots — so the weights of the o
+// projection and the MLP keep arriving while the consumers wait at a grid barrier or run the
+// attention. Per layer, the consumer warps of each block:
+//   A  x's RMSNorm (recomputed by every block from the residual, as rms_norm does it), its qx, then
+//      the block's tiles of q | k | v (one 16-row tile space over the three matrices) -> qkv;
+//   B  (after a grid barrier) the attention of query heads b, b + nb, ...: RoPE of q and of the
+//      head's k (rope_pair, as rope_kv_write rounds them), the new k / v into the cache (by the
+//      block of the GQA group's first head), online softmax over the keys (16 warps, a key per warp
+//      at a time) -> attn;
+//   C  (barrier) attn's qx, the block's o tiles, added into the residual rows it owns;
+//   D  (barrier) the MLP norm and qx, gate/up tile pairs -> h = act(gate) * up;
+//   E  (barrier) h's qx, down tiles, added into the residual; a barrier before the next layer.
+// The values of the separate ops up to f32 summation order (the GEMV tiles sum their quads in
+// another order, the attention its keys); rounding points are the same (bf16 q/k/v after the GEMV
+// and after RoPE, bf16 attention output, bf16 GEMV outputs before each residual add).
+#include <algorithm>
+#include <cfloat>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kiln/backend/cuda/qring.cuh"
+#include "kiln/backend/cuda/row_ops.cuh"
+
+namespace kiln::backend::cuda {
+
+namespace {
+
+using namespace qring;
+
+constexpr int kNormRegs = kQDecoderMaxDim / (kConsumers * 32);  // residual values per consumer thread
+
+// Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the normed row, or the attention's
+// q / k / v and per-warp partials][ring slots].
+struct DecoderPlan {
+  int64_t qd, qo, qf;              // quads per row of dim, of q_out (o's input), of ffn
+  int64_t t_qkv, t_o, t_ffn, t_dn;  // 16-row tiles of q | k | v, o, gate (= up), down
+  int slots;                       // per group
+  int64_t qx_codes_off, qx_meta_off, scratch_off, ring_off, smem;
+};
+
+int64_t attention_scratch(int64_t hd) { return 3 * hd * 2 + (3 * hd + kConsumers * (hd + 2)) * 4; }
+
+DecoderPlan plan_for(const QDecoder& d) {
+  DecoderPlan p{};
+  const int64_t q_out = d.n_heads * d.head_dim, kv_out = d.n_kv_heads * d.head_dim;
+  p.qd = (d.dim + 127) / 128, p.qo = (q_out + 127) / 128, p.qf = (d.ffn + 127) / 128;
+  p.t_qkv = (q_out + 2 * kv_out) / 16, p.t_o = d.dim / 16, p.t_ffn = d.ffn / 16, p.t_dn = d.dim / 16;
+  const int64_t qmax = std::max({p.qd, p.qo, p.qf});
+  p.qx_codes_off = kFixedSmem;
+  p.qx_meta_off = p.qx_codes_off + qmax * 256;
+  p.scratch_off = p.qx_meta_off + qmax * (128 / d.group_size) * 8;
+  const int64_t scratch = 128 + std::max<int64_t>(d.dim * 2, attention_scratch(d.head_dim));
+  p.ring_off = (p.scratch_off + scratch + 127) / 128 * 128;
+  if (d.sdt != Dt::f32) p.slots = ring_slots(p.ring_off, d.group_size);
+  p.smem = p.ring_off + int64_t{kGroups} * p.slots * slot_bytes(d.group_size);
+  return p;
+}
+
+__device__ __forceinline__ int64_t pieces(int64_t quads) { return (quads + kPieceQuads - 1) / kPieceQuads; }
+
+// The consumers' sum of every consumer thread's v, in block_sum's order (so a 512-thread row norm
+// gets rms_norm's bits); part: 16 floats of shared memory.
+__device__ __forceinline__ float consumers_sum(float v, float* part) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  consumers_sync();
+  float s = (threadIdx.x & 31) < kConsumers ? part[threadIdx.x & 31] : 0.0f;
+  s = warp_sum(s);
+  consumers_sync();  // part is reused by the next call
+  return s;
+}
+
+// The attention of query head hq for the step's one token (see the file comment); E = head_dim / 32
+// dims per lane. scratch: attention_scratch(head_dim) bytes.
+template <int E>
+__device__ void attend_head(const QDecoder& d, const QDecoderLayer& L, int64_t hq, const __nv_bfloat16* qkv,
+                            __nv_bfloat16* attn, unsigned char* scratch) {
+  constexpr int hd = 32 * E, half = hd / 2, kBatch = 4;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t q_out = d.n_heads * hd, kv_out = d.n_kv_heads * hd, group = d.n_heads / d.n_kv_heads;
+  const int64_t kvh = hq / group;
+  auto* raw = reinterpret_cast<__nv_bfloat16*>(scratch);  // q, k, v of the head as the GEMV stored them
+  float* qf = reinterpret_cast<float*>(scratch + 3 * hd * 2);
+  float* kf = qf + hd;
+  float* vf = kf + hd;
+  float* part = vf + hd;  // [warp][hd + 2]: acc, m, l
+  const int64_t pos = d.pos[0], slot = d.slots[0];
+  const bool writer = hq % group == 0 && slot >= 0 && slot < d.n_slots;  // stores the token's k / v
+  if (tid < hd) {
+    raw[tid] = __ldcg(qkv + hq * hd + tid);
+    raw[hd + tid] = __ldcg(qkv + q_out + kvh * hd + tid);
+    raw[2 * hd + tid] = __ldcg(qkv + q_out + kv_out + kvh * hd + tid);
+  }
+  consumers_sync();
+  auto* kc = static_cast<__nv_bfloat16*>(L.k_cache);
+  auto* vc = static_cast<__nv_bfloat16*>(L.v_cache);
+  const float p = static_cast<float>(pos);
+  if (tid < half) {
+    __nv_bfloat16 lo, hi;
+    rope_pair(raw, tid, half, p, d.inv_freq, d.attn_factor, lo, hi);
+    qf[tid] = to_f(lo), qf[tid + half] = to_f(hi);
+    rope_pair(raw + hd, tid, half, p, d.inv_freq, d.attn_factor, lo, hi);
+    kf[tid] = to_f(lo), kf[tid + half] = to_f(hi);
+    if (writer) kc[slot * kv_out + kvh * hd + tid] = lo, kc[slot * kv_out + kvh * hd + tid + half] = hi;
+  }
+  if (tid < hd) {
+    vf[tid] = to_f(raw[2 * hd + tid]);
+    if (writer) vc[slot * kv_out + kvh * hd + tid] = raw[2 * hd + tid];
+  }
+  consumers_sync();
+
+  float q[E], acc[E], m = -FLT_MAX, l = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) q[e] = qf[lane * E + e], acc[e] = 0.0f;
+  const int64_t lo_key = L.window > 0 ? max(int64_t{0}, pos - L.window + 1) : 0;
+  const int seq = d.token_seq[0];
+  using Vec = std::conditional_t<E == 4, uint2, uint32_t>;  // a lane's E bf16
+  for (int64_t j0 = lo_key + warp; j0 <= pos; j0 += int64_t{kConsumers} * kBatch) {
+    Vec kv[kBatch], vv[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {  // every load of the batch in flight together
+      const int64_t j = j0 + int64_t{i} * kConsumers;
+      if (j < pos) {
+        const int64_t row = (int64_t{d.block_tables[int64_t{seq} * d.max_blocks + j / d.block_size]} * d.block_size +
+                             j % d.block_size) * kv_out + kvh * hd + lane * E;
+        kv[i] = __ldcg(reinterpret_cast<const Vec*>(kc + row));
+        vv[i] = __ldcg(reinterpret_cast<const Vec*>(vc + row));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int64_t j = j0 + int64_t{i} * kConsumers;
+      if (j > pos) break;
+      float kx[E], vx[E];
+      if (j == pos) {  // the new token: from shared memory (its cache row may not be written yet)
+#pragma unroll
+        for (int e = 0; e < E; ++e) kx[e] = kf[lane * E + e], vx[e] = vf[lane * E + e];
+      } else {
+        const auto* kb = reinterpret_cast<const __nv_bfloat16*>(&kv[i]);
+        const auto* vb = reinterpret_cast<const __nv_bfloat16*>(&vv[i]);
+#pragma unroll
+        for (int e = 0; e < E; ++e) kx[e] = to_f(kb[e]), vx[e] = to_f(vb[e]);
+      }
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) dot = fmaf(q[e], kx[e], dot);
+      const float s = warp_sum(dot) * d.scale;
+      const float mn = fmaxf(m, s), c = __expf(m - mn), pe = __expf(s - mn);
+      l = l * c + pe;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] = fmaf(pe, vx[e], acc[e] * c);
+      m = mn;
+    }
+  }
+  float* mine = part + warp * (hd + 2);
+#pragma unroll
+  for (int e = 0; e < E; ++e) mine[lane * E + e] = acc[e];
+  if (lane == 0) mine[hd] = m, mine[hd + 1] = l;
+  consumers_sync();
+  if (tid < hd) {
+    float M = -FLT_MAX;
+    for (int w = 0; w < kConsumers; ++w) M = fmaxf(M, part[w * (hd + 2) + hd]);
+    float den = 0.0f, num = 0.0f;
+    for (int w = 0; w < kConsumers; ++w) {
+      const float* pw = part + w * (hd + 2);
+      const float c = pw[hd + 1] > 0.0f ? __expf(pw[hd] - M) : 0.0f;
+      den = fmaf(pw[hd + 1], c, den);
+      num = fmaf(pw[tid], c, num);
+    }
+    attn[hq * hd + tid] = from_f<__nv_bfloat16>(num / den);
+  }
+  consumers_sync();  // scratch is reused by the next head
+}
+
+template <typename ST, int GS>
+__global__ void __launch_bounds__(kThreads, 1)
+    q4_decoder_kernel(const __grid_constant__ QDecoder d, DecoderPlan p, unsigned long long* barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char smem[];
+  const Ring ring{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots,
+                  smem + p.ring_off, p.slots, slot_bytes(GS), pair_quad_bytes(GS)};
+  auto* red = reinterpret_cast<float(*)[2][2][kGroupWarps][16]>(smem + 2 * kMaxSlots * 8);
+  auto* qx_codes = reinterpret_cast<uint32_t*>(smem + p.qx_codes_off);
+  auto* qx_meta = reinterpret_cast<float2*>(smem + p.qx_meta_off);
+  unsigned char* scratch = smem + p.scratch_off;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t nb = gridDim.x, b = blockIdx.x;
+  // This block's tiles of each phase: [b T / nb, (b + 1) T / nb).
+  const int64_t a0 = b * p.t_qkv / nb, a1 = (b + 1) * p.t_qkv / nb, o0 = b * p.t_o / nb, o1 = (b + 1) * p.t_o / nb;
+  const int64_t f0 = b * p.t_ffn / nb, f1 = (b + 1) * p.t_ffn / nb, e0 = b * p.t_dn / nb, e1 = (b + 1) * p.t_dn / nb;
+  const int64_t tq = d.n_heads * d.head_dim / 16, tk = d.n_kv_heads * d.head_dim / 16;
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();
+  pdl_trigger();
+
+  // Jobs in block order j = 0, 1, ... over all layers and phases; job j belongs to group j % 2.
+  if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
+    if (lane != 0) return;
+    uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
+    int64_t j = 0;
+    auto job = [&](int m, const QDecoderLayer& L, int64_t Q, int64_t tile, int m2 = -1) {
+      const int q = static_cast<int>(j++ % kGroups);
+      for (int64_t pc = 0; pc < pieces(Q); ++pc) {
+        ring.issue(q, k[q], L.codes[m], L.pairs[m], Q, tile, pc);
+        if (m2 >= 0) ring.issue(q, k[q], L.codes[m2], L.pairs[m2], Q, tile, pc);
+      }
+    };
+    for (int l = 0; l < d.n_layers; ++l) {
+      const QDecoderLayer& L = d.layers[l];
+      for (int64_t t = a0; t < a1; ++t) job(t < tq ? 0 : t < tq + tk ? 1 : 2, L, p.qd, t < tq ? t : t < tq + tk ? t - tq : t - tq - tk);
+      for (int64_t t = o0; t < o1; ++t) job(3, L, p.qo, t);
+      for (int64_t t = f0; t < f1; ++t) job(4, L, p.qd, t, 5);
+      for (int64_t t = e0; t < e1; ++t) job(6, L, p.qf, t);
+    }
+    return;
+  }
+
+  // The consumers: warp gw of group grp.
+  const int grp = warp / kGroupWarps, gw = warp % kGroupWarps, gt = threadIdx.x % (kGroupWarps * 32);
+  auto* x = static_cast<__nv_bfloat16*>(d.x);
+  auto* qkv = static_cast<__nv_bfloat16*>(d.qkv);
+  auto* attn = static_cast<__nv_bfloat16*>(d.attn);
+  auto* h = static_cast<__nv_bfloat16*>(d.h);
+  uint32_t k = 0;         // pieces this group consumed
+  int64_t j = 0, jg = 0;  // block jobs passed, this group's jobs done
+  // Tiles [t0, t1) of one phase (two matrices per job when pair) against the qx in shared memory;
+  // store(row, sum0, sum1) by thread gt < 16 of the job's group.
+  auto run_jobs = [&](int64_t t0, int64_t t1, int64_t Q, bool pair, auto&& store) {
+    for (int64_t t = t0; t < t1; ++t, ++j) {
+      if (j % kGroups != grp) continue;
+      float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t pc = 0; pc < pieces(Q); ++pc) {
+        ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s0);
+        if (pair) ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s1);
+      }
+      float(*rd)[kGroupWarps][16] = red[grp][jg++ & 1];
+      put_partials(rd, gw, 0, s0);
+      if (pair) put_partials(rd, gw, 1, s1);
+      group_sync(grp);
+      if (gt < 16) store(t * 16 + gt, sum_partials(rd, 0, gt), pair ? sum_partials(rd, 1, gt) : 0.0f);
+    }
+  };
+  // RMSNorm of the residual x with weights w into qx (rms_norm_kernel's thread split and roundings
+  // for 512 threads: the normed row rounded to bf16, then quantized).
+  float* part = reinterpret_cast<float*>(scratch);
+  auto* ys = reinterpret_cast<__nv_bfloat16*>(scratch + 128);
+  auto norm_to_qx = [&](const void* w) {
+    const auto* wb = static_cast<const __nv_bfloat16*>(w);
+    float v[kNormRegs];
+    float ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kNormRegs; ++r) {
+      const int64_t i = threadIdx.x + int64_t{r} * kConsumers * 32;
+      v[r] = i < d.dim ? to_f(__ldcg(x + i)) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kNormRegs; ++r)
+      if (threadIdx.x + int64_t{r} * kConsumers * 32 < d.dim) ss = sq_acc(ss, v[r]);
+    ss = consumers_sum(ss, part);
+    const float inv = rsqrtf(ss / static_cast<float>(d.dim) + d.eps);
+#pragma unroll
+    for (int r = 0; r < kNormRegs; ++r) {
+      const int64_t i = threadIdx.x + int64_t{r} * kConsumers * 32;
+      if (i < d.dim) ys[i] = from_f<__nv_bfloat16>((v[r] * inv) * to_f(wb[i]));
+    }
+    consumers_sync();
+    qx_to_shared<GS, false>(ys, d.dim, p.qd, qx_codes, qx_meta);
+    consumers_sync();
+  };
+  auto add_residual = [&](int64_t row, float v, float) {
+    x[row] = from_f<__nv_bfloat16>(to_f(__ldcg(x + row)) + to_f(from_f<__nv_bfloat16>(v)));
+  };
+
+  pdl_wait();  // x is the previous kernel's output
+  for (int l = 0; l < d.n_layers; ++l) {
+    const QDecoderLayer& L = d.layers[l];
+    norm_to_qx(L.attn_norm);  // A
+    run_jobs(a0, a1, p.qd, false, [&](int64_t row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
+    consumers_grid_sync(barrier);
+    for (int64_t hq = b; hq < d.n_heads; hq += nb) {  // B
+      if (d.head_dim == 64) attend_head<2>(d, L, hq, qkv, attn, scratch);
+      else attend_head<4>(d, L, hq, qkv, attn, scratch);
+    }
+    consumers_grid_sync(barrier);
+    qx_to_shared<GS>(attn, d.n_heads * d.head_dim, p.qo, qx_codes, qx_meta);  // C
+    consumers_sync();
+    run_jobs(o0, o1, p.qo, false, add_residual);
+    consumers_grid_sync(barrier);
+    norm_to_qx(L.mlp_norm);  // D
+    run_jobs(f0, f1, p.qd, true, [&](int64_t row, float gv, float uv) {
+      const float gr = to_f(from_f<__nv_bfloat16>(gv)), ur = to_f(from_f<__nv_bfloat16>(uv));  // as stored
+      h[row] = from_f<__nv_bfloat16>(act_f(gr, d.act) * ur);
+    });
+    consumers_grid_sync(barrier);
+    qx_to_shared<GS>(h, d.ffn, p.qf, qx_codes, qx_meta);  // E
+    consumers_sync();
+    run_jobs(e0, e1, p.qf, false, add_residual);
+    if (l + 1 < d.n_layers) consumers_grid_sync(barrier);
+  }
+#else
+  __trap();  // launch_q4_decoder launches only on sm_90 and later
+#endif
+}
+
+}  // namespace
+
+bool q4_decoder_fits(const QDecoder& d) {
+  return d.n_layers > 0 && d.n_layers <= kQDecoderMaxLayers && d.dim <= kQDecoderMaxDim && d.dim % 128 == 0 &&
+         d.ffn % 128 == 0 && (d.head_dim == 64 || d.head_dim == 128) && d.n_kv_heads > 0 &&
+         d.n_heads % d.n_kv_heads == 0 && (d.n_heads * d.head_dim) % 128 == 0 && plan_for(d).slots >= 2;
+}
+
+void launch_q4_decoder(const QDecoder& d, unsigned long long* barrier, int n_sms, cudaStream_t s) {
+  const DecoderPlan p = plan_for(d);
+  const unsigned grid = static_cast<unsigned>(std::min(n_sms, kQGatedMlpMaxGrid));
+  dispatch(d.sdt, [&]<typename ST>() {
+    if constexpr (sizeof(ST) == 2) {
+      auto run = [&]<int GS>() {
+        static const bool attr = [] {
+          return cudaFuncSetAttribute(q4_decoder_kernel<ST, GS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      smem_optin()) == cudaSuccess;
+        }();
+        if (!attr) {
+          std::fprintf(stderr, "[cuda] q4_decoder: cannot allow %d bytes of shared memory\n", smem_optin());
+          std::abort();
+        }
+        launch_pdl(q4_decoder_kernel<ST, GS>, grid, kThreads, static_cast<size_t>(p.smem), s, d, p, barrier);
+      };
+      switch (d.group_size) {
+        case 32: run.template operator()<32>(); break;
+        case 64: run.template operator()<64>(); break;
+        default: run.template operator()<128>(); break;
+      }
+    }
+  });
+  KILN_CUDA_LAUNCH_CHECK("q4_decoder");
+}
+
+}  // namespace kiln::backend::cuda

@@ -1,0 +1,214 @@
+// The machinery of the persistent 4-bit kernels that stream their weights through shared memory
+// (qmlp.cu: the gated MLP; qdecoder.cu: a whole decoder stack): one block per SM, a producer warp
+// copying the block's weight pieces in consumption order into a ring of shared-memory slots with TMA
+// bulk copies, and two groups of 8 consumer warps taking jobs (16-row tiles) in turn, each group
+// with its own ring. A piece is up to kPieceQuads quads of one tile: its codes, then its (scale,
+// bias) pairs (the 4-bit tiled layout of qmatmul.cu). sm_90 and later (mbarrier tx counts, bulk
+// copies); the host side plans for 0 slots elsewhere.
+#pragma once
+#include <cstdint>
+
+#include "kiln/backend/cuda/common.cuh"
+#include "kiln/backend/cuda/q4mma.cuh"
+#include "kiln/backend/cuda/qkernels.h"
+#include "kiln/backend/cuda/qx.cuh"
+
+namespace kiln::backend::cuda::qring {
+
+constexpr int kGroups = 2, kGroupWarps = 8;        // consumer groups (a job each at a time) of 8 warps
+constexpr int kConsumers = kGroups * kGroupWarps;  // compute warps per block
+constexpr int kThreads = (kConsumers + 1) * 32;    // and one producer warp
+constexpr int kPieceQuads = 16;                    // quads per ring slot (16 KB of codes)
+constexpr int kMaxSlots = 12;                      // both groups' rings
+// mbarriers (full, empty) and the partial sums [group][job parity][2 matrices][warp][row].
+constexpr int kFixedSmem = 2 * kMaxSlots * 8 + kGroups * 2 * 2 * kGroupWarps * 16 * 4;
+
+// The opt-in shared memory per block on sm_90 and later, else 0.
+int smem_optin();
+// Bytes of one ring slot for group size gs (2-byte scales) and the pair bytes per quad.
+__host__ __device__ constexpr int pair_quad_bytes(int gs) { return 16 * (128 / gs) * 4; }
+__host__ __device__ constexpr int slot_bytes(int gs) { return kPieceQuads * (1024 + pair_quad_bytes(gs)); }
+// Slots per group that fit after `ring_off` bytes of other shared memory (0: the kernel cannot run).
+inline int ring_slots(int64_t ring_off, int gs) {
+  const int64_t room = smem_optin() - ring_off;
+  if (room <= 0) return 0;
+  const int64_t s = room / slot_bytes(gs);
+  return static_cast<int>((s < kMaxSlots ? s : kMaxSlots) / kGroups);
+}
+
+// ---- sm_90 mbarriers and bulk copies (shared::cta addresses)
+__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint64_t* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(saddr(b)), "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   saddr(dst)),
+               "l"(src), "r"(bytes), "r"(saddr(b))
+               : "memory");
+}
+
+// The consumer warps' barriers (the producer warp never joins them): all of them, or one group's.
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers * 32) : "memory"); }
+__device__ __forceinline__ void group_sync(int grp) {
+  static_assert(kGroups == 2, "one named barrier per group");
+  if (grp == 0) asm volatile("bar.sync 2, %0;" ::"n"(kGroupWarps * 32) : "memory");
+  else asm volatile("bar.sync 3, %0;" ::"n"(kGroupWarps * 32) : "memory");
+}
+
+// All blocks of the grid: ctr[gridDim.x] counts arrivals at every barrier of every launch of this
+// grid size, so each launch finds it at a multiple of the size (launches never overlap here: each
+// waits for the previous kernel first). Called by one thread per block, after a block barrier over
+// the writes it publishes.
+__device__ __forceinline__ void grid_barrier(unsigned long long* ctr, bool wait) {
+  unsigned long long* c = ctr + gridDim.x;
+  __threadfence();
+  const unsigned long long target = (atomicAdd(c, 1ull) / gridDim.x + 1) * gridDim.x;
+  if (wait) {
+    unsigned long long v;
+    do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(c) : "memory");
+    while (v < target);
+  }
+  __threadfence();
+}
+// Every consumer thread: the grid barrier, with this block's writes before it published and the
+// other blocks' visible after it.
+__device__ __forceinline__ void consumers_grid_sync(unsigned long long* ctr) {
+  consumers_sync();
+  if (threadIdx.x == 0) grid_barrier(ctr, true);
+  consumers_sync();
+}
+
+// A bf16 row of `cols` as qx for one token into shared memory: codes [units][16 words], meta
+// [groups] (d, S) — the bits qx_store4 writes for the separate GEMV. kGlobal: src was written by
+// this launch's other blocks or by earlier kernels (read through L2); else src is shared memory.
+// Every consumer thread; units * 8 slots are whole warps.
+template <int GS, bool kGlobal = true>
+__device__ void qx_to_shared(const __nv_bfloat16* src, int64_t cols, int64_t quads, uint32_t* codes, float2* meta) {
+  constexpr int kBatch = 8;  // slots per thread whose loads are in flight together
+  constexpr int kStride = kConsumers * 32;
+  const int64_t n_slots = quads * 32;
+  for (int64_t base = threadIdx.x; base < n_slots; base += kBatch * kStride) {
+    uint2 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t col = (base + b * kStride) * 4;
+      const bool in = base + b * kStride < n_slots && col < cols;
+      if constexpr (kGlobal) v[b] = in ? __ldcg(reinterpret_cast<const uint2*>(src + col)) : make_uint2(0u, 0u);
+      else v[b] = in ? *reinterpret_cast<const uint2*>(src + col) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t col = (base + b * kStride) * 4;
+      if (base + b * kStride >= n_slots) break;  // the same for a whole warp
+      float f[4];
+      bf16x4_to_f(v[b], f);
+      uint32_t hi, lo;
+      float2 dS;
+      qx_encode4<GS>(f, hi, lo, dS);
+      qx_put_codes(codes + (col / 32) * 16, col, hi, lo);
+      if (col % GS == 0) meta[col / GS] = dS;
+    }
+  }
+}
+
+// A block's view of its ring: full / empty mbarriers [group][slot], the slots after `base`.
+struct Ring {
+  uint64_t* full;
+  uint64_t* empty;
+  unsigned char* base;
+  int slots, slot_bytes, pair_quad_bytes;
+
+  // Thread 0 of the block, before a __syncthreads.
+  __device__ void init() const {
+    for (int s = 0; s < kGroups * slots; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], kGroupWarps);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+
+  // The producer: piece pc of tile `tile` of matrix (codes, pairs) with Q quads per row into group
+  // grp's ring as its k-th piece (k counts that group's pieces).
+  __device__ void issue(int grp, uint32_t& k, const void* codes, const void* pairs, int64_t Q, int64_t tile,
+                        int64_t pc) const {
+    const int s = grp * slots + static_cast<int>(k % slots);
+    const uint32_t use = k / slots;
+    if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
+    const int64_t q0 = pc * kPieceQuads, nq = Q - q0 < kPieceQuads ? Q - q0 : kPieceQuads;
+    const unsigned cb = static_cast<unsigned>(nq * 1024), pb = static_cast<unsigned>(nq * pair_quad_bytes);
+    unsigned char* slot = base + int64_t{s} * slot_bytes;
+    mbar_arrive_tx(&full[s], cb + pb);
+    bulk_copy(slot, static_cast<const char*>(codes) + (tile * Q + q0) * 1024, cb, &full[s]);
+    bulk_copy(slot + kPieceQuads * 1024, static_cast<const char*>(pairs) + (tile * Q + q0) * pair_quad_bytes, pb,
+              &full[s]);
+    ++k;
+  }
+
+  // Consumer warp gw of group grp: its k-th piece (piece pc of a tile of Q quads per row) into acc
+  // (q4_quad_mma's C layout) against the token's qx in shared memory: quads q0 + gw, q0 + gw + 8, ...
+  // of the piece, so that every warp of the group works on every piece.
+  template <typename ST, int GS>
+  __device__ void consume(int grp, int gw, uint32_t& k, int64_t Q, int64_t pc, const uint32_t* qx_codes,
+                          const float2* qx_meta, float (&acc)[4]) const {
+    constexpr int GPQ = 128 / GS, PW = q4_pair_words<ST, GS>();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int s = grp * slots + static_cast<int>(k % slots);
+    mbar_wait(&full[s], (k / slots) & 1);
+    const int64_t q0 = pc * kPieceQuads, q1 = Q < q0 + kPieceQuads ? Q : q0 + kPieceQuads;
+    const auto* codes = reinterpret_cast<const uint4*>(base + int64_t{s} * slot_bytes);
+    const auto* pairs = reinterpret_cast<const uint32_t*>(base + int64_t{s} * slot_bytes + kPieceQuads * 1024);
+    const auto* xq = reinterpret_cast<const uint4*>(qx_codes) + q0 * 16 + t;
+    const float2* mq = qx_meta + q0 * GPQ;
+    const int hi = static_cast<int>(q1 - q0);
+#pragma unroll 1
+    for (int i = gw; i < hi; i += kGroupWarps) {
+      const uint4* c = codes + i * 64;
+      const uint32_t* pp = pairs + i * 16 * PW;
+      uint32_t pl[PW], ph[PW];
+#pragma unroll
+      for (int x = 0; x < PW; ++x) pl[x] = pp[g * PW + x], ph[x] = pp[(8 + g) * PW + x];
+      uint4 xv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) xv[u] = g == 0 ? xq[(4 * i + u) * 4] : make_uint4(0u, 0u, 0u, 0u);
+      q4_quad_mma<ST, GS>(
+          acc, c[lane], c[32 + lane], pl, ph, xv,
+          [&](int gi) {
+            const float2 d = mq[i * GPQ + gi];
+            return make_float4(d.x, d.y, 0.0f, 0.0f);
+          },
+          false);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    ++k;
+  }
+};
+
+// Rows [16 tile, 16 tile + 16) of a group's job: thread gt (< 16) of the group gets the sum over the
+// group's warps of row gt's partials, in warp order (the same bits on every run). red: this job's
+// [2][kGroupWarps][16] partial buffer (alternate two per group so that the next job's writes
+// cannot race this one's reads). m: which of the two matrices' partials.
+__device__ __forceinline__ void put_partials(float (*rd)[kGroupWarps][16], int gw, int m, const float (&acc)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  if (t == 0) rd[m][gw][g] = acc[0], rd[m][gw][g + 8] = acc[2];
+}
+__device__ __forceinline__ float sum_partials(float (*rd)[kGroupWarps][16], int m, int gt) {
+  float v = 0.0f;
+  for (int w = 0; w < kGroupWarps; ++w) v += rd[m][w][gt];
+  return v;
+}
+
+}  // namespace kiln::backend::cuda::qring
