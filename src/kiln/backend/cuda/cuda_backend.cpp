@@ -65,8 +65,8 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUDA_CHECK(cudaMalloc(&im.attn_counters, im.attn_counters_n * sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(im.attn_counters, 0, im.attn_counters_n * sizeof(unsigned)));
   ++im.stats.device_mallocs;
-  CUDA_CHECK(cudaMalloc(&im.grid_barrier, (kQGatedMlpMaxGrid + 1) * sizeof(unsigned long long)));
-  CUDA_CHECK(cudaMemset(im.grid_barrier, 0, (kQGatedMlpMaxGrid + 1) * sizeof(unsigned long long)));
+  CUDA_CHECK(cudaMalloc(&im.grid_barrier, kGridBarrierWords * sizeof(unsigned long long)));
+  CUDA_CHECK(cudaMemset(im.grid_barrier, 0, kGridBarrierWords * sizeof(unsigned long long)));
   ++im.stats.device_mallocs;
   im.arena = std::make_shared<ArenaState>();
   im.arena->base = device_malloc(kInitialArena, im.stats);

@@ -77,8 +77,8 @@ struct CudaBackend::Impl {
   // Arrival counters of the decode attention's split merge (launch_attention_decode), zero between launches.
   unsigned* attn_counters = nullptr;
   int64_t attn_counters_n = 16384;
-  // The fused gated MLP (set_fused_mlp) and its grid barrier counters (launch_q4_gated_mlp),
-  // kQGatedMlpMaxGrid + 1 words.
+  // The fused gated MLP (set_fused_mlp) and the grid barrier's arrival counters of it and the
+  // decoder stack (launch_q4_gated_mlp, launch_q4_decoder): kGridBarrierWords zeroed words.
   bool fused_mlp = false;
   bool fused_decoder = true;  // set_fused_decoder
   unsigned long long* grid_barrier = nullptr;

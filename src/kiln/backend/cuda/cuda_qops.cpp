@@ -281,7 +281,7 @@ bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const Decod
   d->n_slots = first.k_cache->numel() / kv_out;
   d->sdt = sdt == DType::bf16 ? Dt::bf16 : Dt::f16, d->group_size = gs, d->act = static_cast<int>(a.act);
   d->eps = a.eps, d->scale = ap.scale, d->attn_factor = a.attn_factor;
-  if (!q4_decoder_fits(*d)) return false;
+  if (!q4_decoder_fits(*d, im.n_sms)) return false;
   for (size_t l = 0; l < a.layers.size(); ++l) {  // resident now (4-bit weights are tiled at their first use)
     const DecoderLayerRef& L = a.layers[l];
     QDecoderLayer& o = d->layers[l];
@@ -292,6 +292,8 @@ bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const Decod
     }
     o.attn_norm = im.resident_of(*L.attn_norm, "decoder_stack").data;
     o.mlp_norm = im.resident_of(*L.mlp_norm, "decoder_stack").data;
+    if (reinterpret_cast<uintptr_t>(o.attn_norm) % 16 != 0 || reinterpret_cast<uintptr_t>(o.mlp_norm) % 16 != 0)
+      return false;  // copied in 16-byte pieces
     o.k_cache = L.k_cache->data, o.v_cache = L.v_cache->data;
     o.window = L.window;
   }
@@ -302,8 +304,10 @@ bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const Decod
   d->block_tables = static_cast<const int32_t*>(a.block_tables.data);
   d->block_size = ap.block_size, d->max_blocks = ap.max_blocks;
   Tensor qkv = be.alloc(DType::bf16, {q_out + 2 * kv_out}), attn = be.alloc(DType::bf16, {q_out}),
-         h = be.alloc(DType::bf16, {ffn});
+         h = be.alloc(DType::bf16, {ffn}), partials = be.alloc(DType::f32, {q4_decoder_partial_floats(*d, im.n_sms)});
   d->x = x.data, d->qkv = qkv.data, d->attn = attn.data, d->h = h.data;
+  d->partials = static_cast<float*>(partials.data);
+  d->counters = reinterpret_cast<unsigned*>(im.grid_barrier + kQGatedMlpMaxGrid + 1);
   if (im.skip()) return true;
   ProfScope ps(im, "decoder_stack (4-bit)");
   launch_q4_decoder(*d, im.grid_barrier, im.n_sms, im.stream);

@@ -40,13 +40,18 @@ struct DecoderPlan {
   int64_t qd, qo, qf;              // quads per row of dim, of q_out (o's input), of ffn
   int64_t t_qkv, t_o, t_ffn, t_dn;  // 16-row tiles of q | k | v, o, gate (= up), down
   int slots;                       // per group
+  int splits;                      // attention key splits per query head
   int64_t qx_codes_off, qx_meta_off, scratch_off, ring_off, smem;
 };
 
 int64_t attention_scratch(int64_t hd) { return 3 * hd * 2 + (3 * hd + kConsumers * (hd + 2)) * 4; }
 
-DecoderPlan plan_for(const QDecoder& d) {
+// Blocks of a launch on n_sms multiprocessors (one per SM: the grid barrier needs all resident).
+int grid_for(int n_sms) { return std::min(n_sms, kQGatedMlpMaxGrid); }
+
+DecoderPlan plan_for(const QDecoder& d, int n_sms) {
   DecoderPlan p{};
+  p.splits = static_cast<int>(std::max<int64_t>(1, grid_for(n_sms) / d.n_heads));
   const int64_t q_out = d.n_heads * d.head_dim, kv_out = d.n_kv_heads * d.head_dim;
   p.qd = (d.dim + 127) / 128, p.qo = (q_out + 127) / 128, p.qf = (d.ffn + 127) / 128;
   p.t_qkv = (q_out + 2 * kv_out) / 16, p.t_o = d.dim / 16, p.t_ffn = d.ffn / 16, p.t_dn = d.dim / 16;
@@ -54,9 +59,9 @@ DecoderPlan plan_for(const QDecoder& d) {
   p.qx_codes_off = kFixedSmem;
   p.qx_meta_off = p.qx_codes_off + qmax * 256;
   p.scratch_off = p.qx_meta_off + qmax * (128 / d.group_size) * 8;
-  const int64_t scratch = 128 + std::max<int64_t>(d.dim * 2, attention_scratch(d.head_dim));
+  const int64_t scratch = 128 + std::max<int64_t>(d.dim * 4, attention_scratch(d.head_dim));  // ys + norm weights
   p.ring_off = (p.scratch_off + scratch + 127) / 128 * 128;
-  if (d.sdt != Dt::f32) p.slots = ring_slots(p.ring_off, d.group_size);
+  if (d.sdt != Dt::f32) p.slots = ring_slots(p.ring_off + 1024, d.group_size);  // 1 KB for static shared memory
   p.smem = p.ring_off + int64_t{kGroups} * p.slots * slot_bytes(d.group_size);
   return p;
 }
@@ -75,11 +80,15 @@ __device__ __forceinline__ float consumers_sum(float v, float* part) {
   return s;
 }
 
-// The attention of query head hq for the step's one token (see the file comment); E = head_dim / 32
-// dims per lane. scratch: attention_scratch(head_dim) bytes.
+// Attention work item (query head hq, key split sp of ns) for the step's one token (see the file
+// comment); E = head_dim / 32 dims per lane. The block's 16 warps take the split's keys in turn, a
+// key per warp at a time, kBatch keys' loads in flight together, then merge in shared memory; with
+// ns > 1 the split's (m, l, acc) goes to partials and the last split of the head to arrive (counters
+// [hq], back to zero after) merges them into attn. scratch: attention_scratch(head_dim) bytes.
 template <int E>
-__device__ void attend_head(const QDecoder& d, const QDecoderLayer& L, int64_t hq, const __nv_bfloat16* qkv,
-                            __nv_bfloat16* attn, unsigned char* scratch) {
+__device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, int64_t hq, int sp, int ns,
+                             const __nv_bfloat16* qkv, __nv_bfloat16* attn, float* partials, unsigned* counters,
+                             unsigned char* scratch) {
   constexpr int hd = 32 * E, half = hd / 2, kBatch = 4;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t q_out = d.n_heads * hd, kv_out = d.n_kv_heads * hd, group = d.n_heads / d.n_kv_heads;
@@ -90,11 +99,17 @@ __device__ void attend_head(const QDecoder& d, const QDecoderLayer& L, int64_t h
   float* vf = kf + hd;
   float* part = vf + hd;  // [warp][hd + 2]: acc, m, l
   const int64_t pos = d.pos[0], slot = d.slots[0];
-  const bool writer = hq % group == 0 && slot >= 0 && slot < d.n_slots;  // stores the token's k / v
+  const int64_t lo_key = L.window > 0 ? max(int64_t{0}, pos - L.window + 1) : 0;
+  const int64_t per = (pos - lo_key + ns) / ns;  // keys per split
+  const int64_t j_begin = lo_key + sp * per, j_end = min(pos, j_begin + per - 1);  // inclusive
+  const bool has_new = j_begin <= pos && pos <= j_end;  // this split holds the token's own key
+  const bool writer = has_new && hq % group == 0 && slot >= 0 && slot < d.n_slots;  // stores its k / v
   if (tid < hd) {
     raw[tid] = __ldcg(qkv + hq * hd + tid);
-    raw[hd + tid] = __ldcg(qkv + q_out + kvh * hd + tid);
-    raw[2 * hd + tid] = __ldcg(qkv + q_out + kv_out + kvh * hd + tid);
+    if (has_new) {
+      raw[hd + tid] = __ldcg(qkv + q_out + kvh * hd + tid);
+      raw[2 * hd + tid] = __ldcg(qkv + q_out + kv_out + kvh * hd + tid);
+    }
   }
   consumers_sync();
   auto* kc = static_cast<__nv_bfloat16*>(L.k_cache);
@@ -104,11 +119,13 @@ __device__ void attend_head(const QDecoder& d, const QDecoderLayer& L, int64_t h
     __nv_bfloat16 lo, hi;
     rope_pair(raw, tid, half, p, d.inv_freq, d.attn_factor, lo, hi);
     qf[tid] = to_f(lo), qf[tid + half] = to_f(hi);
-    rope_pair(raw + hd, tid, half, p, d.inv_freq, d.attn_factor, lo, hi);
-    kf[tid] = to_f(lo), kf[tid + half] = to_f(hi);
-    if (writer) kc[slot * kv_out + kvh * hd + tid] = lo, kc[slot * kv_out + kvh * hd + tid + half] = hi;
+    if (has_new) {
+      rope_pair(raw + hd, tid, half, p, d.inv_freq, d.attn_factor, lo, hi);
+      kf[tid] = to_f(lo), kf[tid + half] = to_f(hi);
+      if (writer) kc[slot * kv_out + kvh * hd + tid] = lo, kc[slot * kv_out + kvh * hd + tid + half] = hi;
+    }
   }
-  if (tid < hd) {
+  if (tid < hd && has_new) {
     vf[tid] = to_f(raw[2 * hd + tid]);
     if (writer) vc[slot * kv_out + kvh * hd + tid] = raw[2 * hd + tid];
   }
@@ -117,15 +134,14 @@ __device__ void attend_head(const QDecoder& d, const QDecoderLayer& L, int64_t h
   float q[E], acc[E], m = -FLT_MAX, l = 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) q[e] = qf[lane * E + e], acc[e] = 0.0f;
-  const int64_t lo_key = L.window > 0 ? max(int64_t{0}, pos - L.window + 1) : 0;
   const int seq = d.token_seq[0];
   using Vec = std::conditional_t<E == 4, uint2, uint32_t>;  // a lane's E bf16
-  for (int64_t j0 = lo_key + warp; j0 <= pos; j0 += int64_t{kConsumers} * kBatch) {
+  for (int64_t j0 = j_begin + warp; j0 <= j_end; j0 += int64_t{kConsumers} * kBatch) {
     Vec kv[kBatch], vv[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {  // every load of the batch in flight together
       const int64_t j = j0 + int64_t{i} * kConsumers;
-      if (j < pos) {
+      if (j <= j_end && j != pos) {
         const int64_t row = (int64_t{d.block_tables[int64_t{seq} * d.max_blocks + j / d.block_size]} * d.block_size +
                              j % d.block_size) * kv_out + kvh * hd + lane * E;
         kv[i] = __ldcg(reinterpret_cast<const Vec*>(kc + row));
@@ -135,7 +151,7 @@ __device__ void attend_head(const QDecoder& d, const QDecoderLayer& L, int64_t h
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int64_t j = j0 + int64_t{i} * kConsumers;
-      if (j > pos) break;
+      if (j > j_end) break;
       float kx[E], vx[E];
       if (j == pos) {  // the new token: from shared memory (its cache row may not be written yet)
 #pragma unroll
@@ -162,19 +178,46 @@ __device__ void attend_head(const QDecoder& d, const QDecoderLayer& L, int64_t h
   for (int e = 0; e < E; ++e) mine[lane * E + e] = acc[e];
   if (lane == 0) mine[hd] = m, mine[hd + 1] = l;
   consumers_sync();
-  if (tid < hd) {
-    float M = -FLT_MAX;
-    for (int w = 0; w < kConsumers; ++w) M = fmaxf(M, part[w * (hd + 2) + hd]);
-    float den = 0.0f, num = 0.0f;
-    for (int w = 0; w < kConsumers; ++w) {
-      const float* pw = part + w * (hd + 2);
-      const float c = pw[hd + 1] > 0.0f ? __expf(pw[hd] - M) : 0.0f;
-      den = fmaf(pw[hd + 1], c, den);
-      num = fmaf(pw[tid], c, num);
+  // (m, l, acc) of parts [n] (stride hd + 2; l = 0: empty) merged for dim tid: acc and l relative
+  // to e^M, M the largest m.
+  auto merge = [&](auto&& at, int n, float& num, float& den, float& M) {
+    M = -FLT_MAX;
+    for (int w = 0; w < n; ++w) M = fmaxf(M, at(w, hd));
+    num = 0.0f, den = 0.0f;
+    for (int w = 0; w < n; ++w) {
+      const float lw = at(w, hd + 1), c = lw > 0.0f ? __expf(at(w, hd) - M) : 0.0f;
+      den = fmaf(lw, c, den);
+      num = fmaf(at(w, tid), c, num);
     }
-    attn[hq * hd + tid] = from_f<__nv_bfloat16>(num / den);
+  };
+  float* mine_split = partials + (hq * ns + sp) * (hd + 2);
+  if (tid < hd) {
+    float num, den, M;
+    merge([&](int w, int i) { return part[w * (hd + 2) + i]; }, kConsumers, num, den, M);
+    if (ns == 1) {
+      attn[hq * hd + tid] = from_f<__nv_bfloat16>(num / den);
+    } else {
+      mine_split[tid] = num;
+      if (tid == 0) mine_split[hd] = M, mine_split[hd + 1] = den;
+    }
   }
-  consumers_sync();  // scratch is reused by the next head
+  if (ns > 1) {
+    __shared__ unsigned last;
+    consumers_sync();
+    if (tid == 0) {
+      __threadfence();
+      last = atomicAdd(&counters[hq], 1u) == static_cast<unsigned>(ns - 1);
+      if (last) counters[hq] = 0, __threadfence();
+    }
+    consumers_sync();
+    if (last && tid < hd) {
+      const float* all = partials + hq * ns * (hd + 2);
+      float num, den, M;
+      merge([&](int w, int i) { return __ldcg(all + w * (hd + 2) + i); }, ns, num, den, M);
+      attn[hq * hd + tid] = from_f<__nv_bfloat16>(num / den);
+    }
+  }
+  consumers_sync();  // scratch is reused by the next item
 }
 
 template <typename ST, int GS>
@@ -245,12 +288,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (gt < 16) store(t * 16 + gt, sum_partials(rd, 0, gt), pair ? sum_partials(rd, 1, gt) : 0.0f);
     }
   };
-  // RMSNorm of the residual x with weights w into qx (rms_norm_kernel's thread split and roundings
-  // for 512 threads: the normed row rounded to bf16, then quantized).
+  // RMSNorm of the residual x into qx (rms_norm_kernel's thread split and roundings for 512 threads:
+  // the normed row rounded to bf16, then quantized), with the weights fetch_norm copied into wsm.
+  // fetch_norm runs before the grid barrier that precedes the norm: the weights do not depend on it,
+  // so their load overlaps the wait.
   float* part = reinterpret_cast<float*>(scratch);
   auto* ys = reinterpret_cast<__nv_bfloat16*>(scratch + 128);
-  auto norm_to_qx = [&](const void* w) {
-    const auto* wb = static_cast<const __nv_bfloat16*>(w);
+  __nv_bfloat16* wsm = ys + d.dim;
+  auto fetch_norm = [&](const void* w) {
+    for (int64_t c = threadIdx.x; c < d.dim / 8; c += kConsumers * 32)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr(wsm + c * 8)),
+                   "l"(static_cast<const __nv_bfloat16*>(w) + c * 8)
+                   : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  auto norm_to_qx = [&]() {
     float v[kNormRegs];
     float ss = 0.0f;
 #pragma unroll
@@ -261,12 +313,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < kNormRegs; ++r)
       if (threadIdx.x + int64_t{r} * kConsumers * 32 < d.dim) ss = sq_acc(ss, v[r]);
+    asm volatile("cp.async.wait_all;" ::: "memory");  // this thread's copies; consumers_sum syncs them all
     ss = consumers_sum(ss, part);
     const float inv = rsqrtf(ss / static_cast<float>(d.dim) + d.eps);
 #pragma unroll
     for (int r = 0; r < kNormRegs; ++r) {
       const int64_t i = threadIdx.x + int64_t{r} * kConsumers * 32;
-      if (i < d.dim) ys[i] = from_f<__nv_bfloat16>((v[r] * inv) * to_f(wb[i]));
+      if (i < d.dim) ys[i] = from_f<__nv_bfloat16>((v[r] * inv) * to_f(wsm[i]));
     }
     consumers_sync();
     qx_to_shared<GS, false>(ys, d.dim, p.qd, qx_codes, qx_meta);
@@ -276,22 +329,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     x[row] = from_f<__nv_bfloat16>(to_f(__ldcg(x + row)) + to_f(from_f<__nv_bfloat16>(v)));
   };
 
+  const int ns = p.splits;
+  fetch_norm(d.layers[0].attn_norm);
   pdl_wait();  // x is the previous kernel's output
   for (int l = 0; l < d.n_layers; ++l) {
     const QDecoderLayer& L = d.layers[l];
-    norm_to_qx(L.attn_norm);  // A
+    norm_to_qx();  // A
     run_jobs(a0, a1, p.qd, false, [&](int64_t row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
     consumers_grid_sync(barrier);
-    for (int64_t hq = b; hq < d.n_heads; hq += nb) {  // B
-      if (d.head_dim == 64) attend_head<2>(d, L, hq, qkv, attn, scratch);
-      else attend_head<4>(d, L, hq, qkv, attn, scratch);
+    for (int64_t it = b; it < d.n_heads * ns; it += nb) {  // B: items (head, split), a head's splits adjacent
+      const int64_t hq = it / ns;
+      const int sp = static_cast<int>(it % ns);
+      if (d.head_dim == 64) attend_split<2>(d, L, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
+      else attend_split<4>(d, L, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
     }
     consumers_grid_sync(barrier);
     qx_to_shared<GS>(attn, d.n_heads * d.head_dim, p.qo, qx_codes, qx_meta);  // C
     consumers_sync();
     run_jobs(o0, o1, p.qo, false, add_residual);
+    fetch_norm(L.mlp_norm);
     consumers_grid_sync(barrier);
-    norm_to_qx(L.mlp_norm);  // D
+    norm_to_qx();  // D
     run_jobs(f0, f1, p.qd, true, [&](int64_t row, float gv, float uv) {
       const float gr = to_f(from_f<__nv_bfloat16>(gv)), ur = to_f(from_f<__nv_bfloat16>(uv));  // as stored
       h[row] = from_f<__nv_bfloat16>(act_f(gr, d.act) * ur);
@@ -300,7 +358,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     qx_to_shared<GS>(h, d.ffn, p.qf, qx_codes, qx_meta);  // E
     consumers_sync();
     run_jobs(e0, e1, p.qf, false, add_residual);
-    if (l + 1 < d.n_layers) consumers_grid_sync(barrier);
+    if (l + 1 < d.n_layers) {
+      fetch_norm(d.layers[l + 1].attn_norm);
+      consumers_grid_sync(barrier);
+    }
   }
 #else
   __trap();  // launch_q4_decoder launches only on sm_90 and later
@@ -309,15 +370,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool q4_decoder_fits(const QDecoder& d) {
+bool q4_decoder_fits(const QDecoder& d, int n_sms) {
   return d.n_layers > 0 && d.n_layers <= kQDecoderMaxLayers && d.dim <= kQDecoderMaxDim && d.dim % 128 == 0 &&
          d.ffn % 128 == 0 && (d.head_dim == 64 || d.head_dim == 128) && d.n_kv_heads > 0 &&
-         d.n_heads % d.n_kv_heads == 0 && (d.n_heads * d.head_dim) % 128 == 0 && plan_for(d).slots >= 2;
+         d.n_heads <= kQDecoderMaxHeads && d.n_heads % d.n_kv_heads == 0 && (d.n_heads * d.head_dim) % 128 == 0 &&
+         plan_for(d, n_sms).slots >= 2;
+}
+
+int64_t q4_decoder_partial_floats(const QDecoder& d, int n_sms) {
+  return d.n_heads * plan_for(d, n_sms).splits * (d.head_dim + 2);
 }
 
 void launch_q4_decoder(const QDecoder& d, unsigned long long* barrier, int n_sms, cudaStream_t s) {
-  const DecoderPlan p = plan_for(d);
-  const unsigned grid = static_cast<unsigned>(std::min(n_sms, kQGatedMlpMaxGrid));
+  const DecoderPlan p = plan_for(d, n_sms);
+  const unsigned grid = static_cast<unsigned>(grid_for(n_sms));
   dispatch(d.sdt, [&]<typename ST>() {
     if constexpr (sizeof(ST) == 2) {
       auto run = [&]<int GS>() {

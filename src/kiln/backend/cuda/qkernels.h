@@ -104,7 +104,7 @@ void launch_q4_gated_mlp(const QGatedMlp& m, const void* x, void* h, void* y, Dt
 // caches; head_dim 64 or 128, full rotary, no softcap. The values of the separate ops (rms_norm /
 // add_rms_norm, launch_qgemv_multi, rope_kv_write, attention, gated_act) up to f32 summation order.
 // barrier: as launch_q4_gated_mlp's. Nothing is launched where q4_decoder_fits is false.
-constexpr int kQDecoderMaxLayers = 96, kQDecoderMaxDim = 8192;
+constexpr int kQDecoderMaxLayers = 96, kQDecoderMaxDim = 8192, kQDecoderMaxHeads = 256;
 struct QDecoderLayer {
   const void* attn_norm;  // bf16 [dim]
   const void* mlp_norm;
@@ -127,8 +127,14 @@ struct QDecoder {
   int block_size, max_blocks;
   void* x;                    // bf16 [dim]: the residual, in and out
   void *qkv, *attn, *h;       // bf16 scratch: [q_out + 2 kv_out], [q_out], [ffn]
+  float* partials;            // f32 scratch: q4_decoder_partial_floats (the attention's key splits)
+  unsigned* counters;         // [n_heads] zeros, left zero (the splits' arrivals)
 };
-bool q4_decoder_fits(const QDecoder& d);
+// The words of the backend's barrier buffer: the grid barrier's kQGatedMlpMaxGrid + 1, then the
+// decoder's attention counters (QDecoder::counters, kQDecoderMaxHeads unsigned).
+constexpr int kGridBarrierWords = kQGatedMlpMaxGrid + 1 + kQDecoderMaxHeads / 2;
+bool q4_decoder_fits(const QDecoder& d, int n_sms);
+int64_t q4_decoder_partial_floats(const QDecoder& d, int n_sms);
 void launch_q4_decoder(const QDecoder& d, unsigned long long* barrier, int n_sms, cudaStream_t s);
 
 // dst [n_rows, in] (dtype dt: bf16 or f32) = dequantized rows of w (scale * q + bias in f32, one
