@@ -32,6 +32,8 @@ namespace {
 
 using namespace qring;
 
+// Shared memory the kernel declares statically (the attention's `last`), left out of the dynamic size.
+constexpr int kStaticSmem = 1024;
 constexpr int kNormRegs = kQDecoderMaxDim / (kConsumers * 32);  // residual values per consumer thread
 
 // Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the normed row, or the attention's
@@ -61,7 +63,7 @@ DecoderPlan plan_for(const QDecoder& d, int n_sms) {
   p.scratch_off = p.qx_meta_off + qmax * (128 / d.group_size) * 8;
   const int64_t scratch = 128 + std::max<int64_t>(d.dim * 4, attention_scratch(d.head_dim));  // ys + norm weights
   p.ring_off = (p.scratch_off + scratch + 127) / 128 * 128;
-  if (d.sdt != Dt::f32) p.slots = ring_slots(p.ring_off + 1024, d.group_size);  // 1 KB for static shared memory
+  if (d.sdt != Dt::f32) p.slots = ring_slots(p.ring_off + kStaticSmem, d.group_size);
   p.smem = p.ring_off + int64_t{kGroups} * p.slots * slot_bytes(d.group_size);
   return p;
 }
@@ -389,10 +391,10 @@ void launch_q4_decoder(const QDecoder& d, unsigned long long* barrier, int n_sms
       auto run = [&]<int GS>() {
         static const bool attr = [] {
           return cudaFuncSetAttribute(q4_decoder_kernel<ST, GS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      smem_optin()) == cudaSuccess;
+                                      smem_optin() - kStaticSmem) == cudaSuccess;
         }();
         if (!attr) {
-          std::fprintf(stderr, "[cuda] q4_decoder: cannot allow %d bytes of shared memory\n", smem_optin());
+          std::fprintf(stderr, "[cuda] q4_decoder: cannot allow %d bytes of shared memory\n", smem_optin() - kStaticSmem);
           std::abort();
         }
         launch_pdl(q4_decoder_kernel<ST, GS>, grid, kThreads, static_cast<size_t>(p.smem), s, d, p, barrier);
