@@ -43,7 +43,7 @@ struct DecoderPlan {
   int64_t t_qkv, t_o, t_ffn, t_dn;  // 16-row tiles of q | k | v, o, gate (= up), down
   int slots;                       // per group
   int splits;                      // attention key splits per query head
-  int64_t rope_off, qx_codes_off, qx_meta_off, scratch_off, ring_off, smem;
+  int64_t qx_codes_off, qx_meta_off, scratch_off, ring_off, smem;
 };
 
 int64_t attention_scratch(int64_t hd) { return 3 * hd * 2 + (3 * hd + kConsumers * (hd + 2)) * 4; }
@@ -58,8 +58,7 @@ DecoderPlan plan_for(const QDecoder& d, int n_sms) {
   p.qd = (d.dim + 127) / 128, p.qo = (q_out + 127) / 128, p.qf = (d.ffn + 127) / 128;
   p.t_qkv = (q_out + 2 * kv_out) / 16, p.t_o = d.dim / 16, p.t_ffn = d.ffn / 16, p.t_dn = d.dim / 16;
   const int64_t qmax = std::max({p.qd, p.qo, p.qf});
-  p.rope_off = kFixedSmem;                         // the rotary table, head_dim / 2 floats
-  p.qx_codes_off = p.rope_off + d.head_dim / 2 * 4;
+  p.qx_codes_off = kFixedSmem;
   p.qx_meta_off = p.qx_codes_off + qmax * 256;
   p.scratch_off = p.qx_meta_off + qmax * (128 / d.group_size) * 8;
   const int64_t scratch = 128 + std::max<int64_t>(d.dim * 4, attention_scratch(d.head_dim));  // ys + norm weights
@@ -83,77 +82,28 @@ __device__ __forceinline__ float consumers_sum(float v, float* part) {
   return s;
 }
 
-constexpr int kAttnBatch = 4;  // keys per warp whose K/V loads are in flight together
-
-// The step's one token: its position, cache slot and sequence (read once per launch).
-struct StepToken {
-  int64_t pos, slot;
-  int seq;
-};
-
-// Work item (query head hq, key split sp of ns) of the attention: its keys [j_begin, j_end].
-struct AttnItem {
-  int64_t hq, kvh, j_begin, j_end;
-  int sp;
-  __device__ AttnItem(const QDecoder& d, const QDecoderLayer& L, const StepToken& st, int64_t item, int ns) {
-    hq = item / ns, sp = static_cast<int>(item % ns), kvh = hq / (d.n_heads / d.n_kv_heads);
-    const int64_t lo_key = L.window > 0 ? max(int64_t{0}, st.pos - L.window + 1) : 0;
-    const int64_t per = (st.pos - lo_key + ns) / ns;  // keys per split
-    j_begin = lo_key + sp * per, j_end = min(st.pos, j_begin + per - 1);
-  }
-};
-
-// A warp's K and V loads of keys j0, j0 + 16, ... (kAttnBatch of them, those in [., j_end] other
-// than the token's own) of kv head kvh: E bf16 per lane (uint2 for E = 4, .x for E = 2).
-struct KvBatch {
-  uint2 k[kAttnBatch], v[kAttnBatch];
-};
-template <int E>
-__device__ __forceinline__ void load_kv(const QDecoder& d, const QDecoderLayer& L, const StepToken& st, int64_t kvh,
-                                        int64_t j0, int64_t j_end, KvBatch& b) {
-  const int64_t kv_out = d.n_kv_heads * 32 * E;
-  const auto* kc = static_cast<const __nv_bfloat16*>(L.k_cache);
-  const auto* vc = static_cast<const __nv_bfloat16*>(L.v_cache);
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int i = 0; i < kAttnBatch; ++i) {
-    const int64_t j = j0 + int64_t{i} * kConsumers;
-    if (j <= j_end && j != st.pos) {
-      const int64_t row = (int64_t{d.block_tables[int64_t{st.seq} * d.max_blocks + j / d.block_size]} * d.block_size +
-                           j % d.block_size) * kv_out + kvh * 32 * E + lane * E;
-      if constexpr (E == 4) {
-        b.k[i] = __ldcg(reinterpret_cast<const uint2*>(kc + row));
-        b.v[i] = __ldcg(reinterpret_cast<const uint2*>(vc + row));
-      } else {
-        b.k[i].x = __ldcg(reinterpret_cast<const unsigned*>(kc + row));
-        b.v[i].x = __ldcg(reinterpret_cast<const unsigned*>(vc + row));
-      }
-    }
-  }
-}
-
 // Attention work item (query head hq, key split sp of ns) for the step's one token (see the file
 // comment); E = head_dim / 32 dims per lane. The block's 16 warps take the split's keys in turn, a
 // key per warp at a time, kBatch keys' loads in flight together, then merge in shared memory; with
 // ns > 1 the split's (m, l, acc) goes to partials and the last split of the head to arrive (counters
-// [hq], back to zero after) merges them into attn. first: the warp's first batch of keys (j_begin +
-// warp, ...), loaded by load_kv before the grid barrier that precedes the attention (the cache rows
-// of earlier tokens do not depend on it). inv_freq: the rotary table in shared memory. scratch:
-// attention_scratch(head_dim) bytes.
+// [hq], back to zero after) merges them into attn. scratch: attention_scratch(head_dim) bytes.
 template <int E>
-__device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, const StepToken& st, const AttnItem& a,
-                             int ns, const KvBatch& first, const float* inv_freq, const __nv_bfloat16* qkv,
-                             __nv_bfloat16* attn, float* partials, unsigned* counters, unsigned char* scratch) {
-  constexpr int hd = 32 * E, half = hd / 2, kBatch = kAttnBatch;
+__device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, int64_t hq, int sp, int ns,
+                             const __nv_bfloat16* qkv, __nv_bfloat16* attn, float* partials, unsigned* counters,
+                             unsigned char* scratch) {
+  constexpr int hd = 32 * E, half = hd / 2, kBatch = 4;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t q_out = d.n_heads * hd, kv_out = d.n_kv_heads * hd, group = d.n_heads / d.n_kv_heads;
-  const int64_t hq = a.hq, kvh = a.kvh, pos = st.pos, slot = st.slot, j_begin = a.j_begin, j_end = a.j_end;
-  const int sp = a.sp;
+  const int64_t kvh = hq / group;
   auto* raw = reinterpret_cast<__nv_bfloat16*>(scratch);  // q, k, v of the head as the GEMV stored them
   float* qf = reinterpret_cast<float*>(scratch + 3 * hd * 2);
   float* kf = qf + hd;
   float* vf = kf + hd;
   float* part = vf + hd;  // [warp][hd + 2]: acc, m, l
+  const int64_t pos = d.pos[0], slot = d.slots[0];
+  const int64_t lo_key = L.window > 0 ? max(int64_t{0}, pos - L.window + 1) : 0;
+  const int64_t per = (pos - lo_key + ns) / ns;  // keys per split
+  const int64_t j_begin = lo_key + sp * per, j_end = min(pos, j_begin + per - 1);  // inclusive
   const bool has_new = j_begin <= pos && pos <= j_end;  // this split holds the token's own key
   const bool writer = has_new && hq % group == 0 && slot >= 0 && slot < d.n_slots;  // stores its k / v
   if (tid < hd) {
@@ -169,10 +119,10 @@ __device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, const St
   const float p = static_cast<float>(pos);
   if (tid < half) {
     __nv_bfloat16 lo, hi;
-    rope_pair(raw, tid, half, p, inv_freq, d.attn_factor, lo, hi);
+    rope_pair(raw, tid, half, p, d.inv_freq, d.attn_factor, lo, hi);
     qf[tid] = to_f(lo), qf[tid + half] = to_f(hi);
     if (has_new) {
-      rope_pair(raw + hd, tid, half, p, inv_freq, d.attn_factor, lo, hi);
+      rope_pair(raw + hd, tid, half, p, d.inv_freq, d.attn_factor, lo, hi);
       kf[tid] = to_f(lo), kf[tid + half] = to_f(hi);
       if (writer) kc[slot * kv_out + kvh * hd + tid] = lo, kc[slot * kv_out + kvh * hd + tid + half] = hi;
     }
@@ -186,10 +136,20 @@ __device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, const St
   float q[E], acc[E], m = -FLT_MAX, l = 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) q[e] = qf[lane * E + e], acc[e] = 0.0f;
+  const int seq = d.token_seq[0];
+  using Vec = std::conditional_t<E == 4, uint2, uint32_t>;  // a lane's E bf16
   for (int64_t j0 = j_begin + warp; j0 <= j_end; j0 += int64_t{kConsumers} * kBatch) {
-    KvBatch kvb;
-    if (j0 == j_begin + warp) kvb = first;
-    else load_kv<E>(d, L, st, kvh, j0, j_end, kvb);
+    Vec kv[kBatch], vv[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {  // every load of the batch in flight together
+      const int64_t j = j0 + int64_t{i} * kConsumers;
+      if (j <= j_end && j != pos) {
+        const int64_t row = (int64_t{d.block_tables[int64_t{seq} * d.max_blocks + j / d.block_size]} * d.block_size +
+                             j % d.block_size) * kv_out + kvh * hd + lane * E;
+        kv[i] = __ldcg(reinterpret_cast<const Vec*>(kc + row));
+        vv[i] = __ldcg(reinterpret_cast<const Vec*>(vc + row));
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int64_t j = j0 + int64_t{i} * kConsumers;
@@ -199,8 +159,8 @@ __device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, const St
 #pragma unroll
         for (int e = 0; e < E; ++e) kx[e] = kf[lane * E + e], vx[e] = vf[lane * E + e];
       } else {
-        const auto* kb = reinterpret_cast<const __nv_bfloat16*>(&kvb.k[i]);
-        const auto* vb = reinterpret_cast<const __nv_bfloat16*>(&kvb.v[i]);
+        const auto* kb = reinterpret_cast<const __nv_bfloat16*>(&kv[i]);
+        const auto* vb = reinterpret_cast<const __nv_bfloat16*>(&vv[i]);
 #pragma unroll
         for (int e = 0; e < E; ++e) kx[e] = to_f(kb[e]), vx[e] = to_f(vb[e]);
       }
@@ -372,32 +332,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   const int ns = p.splits;
-  auto* inv_freq = reinterpret_cast<float*>(smem + p.rope_off);
   fetch_norm(d.layers[0].attn_norm);
-  pdl_wait();  // x, the step's inputs and the rotary table come from earlier kernels and copies
-  const StepToken st{d.pos[0], d.slots[0], d.token_seq[0]};
-  for (int64_t i = threadIdx.x; i < d.head_dim / 2; i += kConsumers * 32) inv_freq[i] = d.inv_freq[i];
-  KvBatch first;  // the attention's first batch of keys, loaded before the barrier that precedes it
+  pdl_wait();  // x is the previous kernel's output
   for (int l = 0; l < d.n_layers; ++l) {
     const QDecoderLayer& L = d.layers[l];
     norm_to_qx();  // A
     run_jobs(a0, a1, p.qd, false, [&](int64_t row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
-    const int warp_key = threadIdx.x >> 5;
-    if (b < d.n_heads * ns) {
-      const AttnItem a(d, L, st, b, ns);
-      if (d.head_dim == 64) load_kv<2>(d, L, st, a.kvh, a.j_begin + warp_key, a.j_end, first);
-      else load_kv<4>(d, L, st, a.kvh, a.j_begin + warp_key, a.j_end, first);
-    }
     consumers_grid_sync(barrier);
     for (int64_t it = b; it < d.n_heads * ns; it += nb) {  // B: items (head, split), a head's splits adjacent
-      const AttnItem a(d, L, st, it, ns);
-      if (it != b) {  // a further item of this block (more items than blocks): its first batch now
-        if (d.head_dim == 64) load_kv<2>(d, L, st, a.kvh, a.j_begin + warp_key, a.j_end, first);
-        else load_kv<4>(d, L, st, a.kvh, a.j_begin + warp_key, a.j_end, first);
-      }
-      if (d.head_dim == 64)
-        attend_split<2>(d, L, st, a, ns, first, inv_freq, qkv, attn, d.partials, d.counters, scratch);
-      else attend_split<4>(d, L, st, a, ns, first, inv_freq, qkv, attn, d.partials, d.counters, scratch);
+      const int64_t hq = it / ns;
+      const int sp = static_cast<int>(it % ns);
+      if (d.head_dim == 64) attend_split<2>(d, L, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
+      else attend_split<4>(d, L, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
     }
     consumers_grid_sync(barrier);
     qx_to_shared<GS>(attn, d.n_heads * d.head_dim, p.qo, qx_codes, qx_meta);  // C
