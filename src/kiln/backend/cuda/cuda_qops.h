@@ -26,8 +26,8 @@ bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x
 // decoder_stack's 4-bit case (launch_q4_decoder): returns false (nothing done) unless it is on
 // (Impl::fused_decoder), x is one bf16 token, every layer's seven matrices are 4-bit of one group
 // size and 2-byte scale dtype without biases, the norms and caches bf16, no softcap, full rotary,
-// the shapes fit q4_decoder_fits and the context at most kDecoderMaxKeys keys (its attention is a
-// block per query head: fine for a chat turn, slower than the split-K kernel for long contexts).
+// the shapes fit q4_decoder_fits and the context at most kDecoderMaxKeys keys (its attention takes a
+// few key splits per head: fine for a chat turn, slower than the split-K kernel for long contexts).
 constexpr int64_t kDecoderMaxKeys = 4096;
 bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const DecoderStackArgs& a, Tensor& x);
 // out [n, dim] = dequantized rows ids[t] of the table (ids outside [0, vocab) give zero rows).

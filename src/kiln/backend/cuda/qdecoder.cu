@@ -8,16 +8,27 @@
 // attention. Per layer, the consumer warps of each block:
 //   A  x's RMSNorm (recomputed by every block from the residual, as rms_norm does it), its qx, then
 //      the block's tiles of q | k | v (one 16-row tile space over the three matrices) -> qkv;
-//   B  (after a grid barrier) the attention of query heads b, b + nb, ...: RoPE of q and of the
-//      head's k (rope_pair, as rope_kv_write rounds them), the new k / v into the cache (by the
-//      block of the GQA group's first head), online softmax over the keys (16 warps, a key per warp
-//      at a time) -> attn;
+//   B  (after a grid barrier) the attention, in items (query head, key split; nb / n_heads splits per
+//      head): RoPE of q and of the head's k (rope_pair, as rope_kv_write rounds them), the new k / v
+//      into the cache (by the split holding the token, of the GQA group's first head), online
+//      softmax over the split's keys (16 warps, a key per warp at a time); the last split of a head
+//      to finish merges the others' partials -> attn;
 //   C  (barrier) attn's qx, the block's o tiles, added into the residual rows it owns;
 //   D  (barrier) the MLP norm and qx, gate/up tile pairs -> h = act(gate) * up;
 //   E  (barrier) h's qx, down tiles, added into the residual; a barrier before the next layer.
 // The values of the separate ops up to f32 summation order (the GEMV tiles sum their quads in
 // another order, the attention its keys); rounding points are the same (bf16 q/k/v after the GEMV
 // and after RoPE, bf16 attention output, bf16 GEMV outputs before each residual add).
+//
+// Not faster than the separate ops yet, so off by default (CudaBackend::set_fused_decoder;
+// BENCHMARKS.md, fourteenth session): llama-3-8b 4-bit batch 1 runs at 368-380 tok/s against 390-423
+// for the separate ops. Per-block timestamps of one layer (µs from its start): norm + qx 4.7, q/k/v
+// tiles done 9.3 (mean) / 10.1 (last), barrier 11.5, attention done 19.6 / 21.6, barrier 22.6, attn's
+// qx 25.6, o done 29.1 / 30.2, barrier 33.1, norm 37.4, gate/up done 52.7 / 55.0, barrier 57.0, h's qx
+// 62.3, down done 69.9 / 74.6, barrier 77.4. Gate/up and down stream at about the DRAM rate; the
+// ~50 µs of latency chains between them (each L2 round trip ~1-2 µs, several per phase) are longer
+// than the separate kernels' (~34 µs), and holding the weight stream back during them (a probe) or
+// capping the pieces in flight changed none of them.
 #include <algorithm>
 #include <cfloat>
 #include <cstdio>
