@@ -50,8 +50,9 @@ constexpr int kNormRegs = kQDecoderMaxDim / (kConsumers * 32);  // residual valu
 // Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the normed row, or the attention's
 // q / k / v and per-warp partials][ring slots].
 struct DecoderPlan {
-  int64_t qd, qo, qf;              // quads per row of dim, of q_out (o's input), of ffn
-  int64_t t_qkv, t_o, t_ffn, t_dn;  // 16-row tiles of q | k | v, o, gate (= up), down
+  int qd, qo, qf;              // quads per row of dim, of q_out (o's input), of ffn
+  int t_qkv, t_o, t_ffn, t_dn;  // 16-row tiles of q | k | v, o, gate (= up), down
+  int tq, tk;                   // of q, of k (= v)
   int slots;                       // per group
   int splits;                      // attention key splits per query head
   int64_t qx_codes_off, qx_meta_off, scratch_off, ring_off, smem;
@@ -66,8 +67,11 @@ DecoderPlan plan_for(const QDecoder& d, int n_sms) {
   DecoderPlan p{};
   p.splits = static_cast<int>(std::max<int64_t>(1, grid_for(n_sms) / d.n_heads));
   const int64_t q_out = d.n_heads * d.head_dim, kv_out = d.n_kv_heads * d.head_dim;
-  p.qd = (d.dim + 127) / 128, p.qo = (q_out + 127) / 128, p.qf = (d.ffn + 127) / 128;
-  p.t_qkv = (q_out + 2 * kv_out) / 16, p.t_o = d.dim / 16, p.t_ffn = d.ffn / 16, p.t_dn = d.dim / 16;
+  p.qd = static_cast<int>((d.dim + 127) / 128), p.qo = static_cast<int>((q_out + 127) / 128);
+  p.qf = static_cast<int>((d.ffn + 127) / 128);
+  p.tq = static_cast<int>(q_out / 16), p.tk = static_cast<int>(kv_out / 16);
+  p.t_qkv = p.tq + 2 * p.tk, p.t_o = static_cast<int>(d.dim / 16), p.t_ffn = static_cast<int>(d.ffn / 16);
+  p.t_dn = p.t_o;
   const int64_t qmax = std::max({p.qd, p.qo, p.qf});
   p.qx_codes_off = kFixedSmem;
   p.qx_meta_off = p.qx_codes_off + qmax * 256;
@@ -79,7 +83,7 @@ DecoderPlan plan_for(const QDecoder& d, int n_sms) {
   return p;
 }
 
-__device__ __forceinline__ int64_t pieces(int64_t quads) { return (quads + kPieceQuads - 1) / kPieceQuads; }
+__device__ __forceinline__ int pieces(int quads) { return (quads + kPieceQuads - 1) / kPieceQuads; }
 
 // The consumers' sum of every consumer thread's v, in block_sum's order (so a 512-thread row norm
 // gets rms_norm's bits); part: 16 floats of shared memory.
@@ -245,11 +249,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* qx_meta = reinterpret_cast<float2*>(smem + p.qx_meta_off);
   unsigned char* scratch = smem + p.scratch_off;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t nb = gridDim.x, b = blockIdx.x;
+  const int nb = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);  // 32-bit tile indices: fewer registers
   // This block's tiles of each phase: [b T / nb, (b + 1) T / nb).
-  const int64_t a0 = b * p.t_qkv / nb, a1 = (b + 1) * p.t_qkv / nb, o0 = b * p.t_o / nb, o1 = (b + 1) * p.t_o / nb;
-  const int64_t f0 = b * p.t_ffn / nb, f1 = (b + 1) * p.t_ffn / nb, e0 = b * p.t_dn / nb, e1 = (b + 1) * p.t_dn / nb;
-  const int64_t tq = d.n_heads * d.head_dim / 16, tk = d.n_kv_heads * d.head_dim / 16;
+  const int a0 = b * p.t_qkv / nb, a1 = (b + 1) * p.t_qkv / nb, o0 = b * p.t_o / nb, o1 = (b + 1) * p.t_o / nb;
+  const int f0 = b * p.t_ffn / nb, f1 = (b + 1) * p.t_ffn / nb, e0 = b * p.t_dn / nb, e1 = (b + 1) * p.t_dn / nb;
+  const int tq = p.tq, tk = p.tk;
   if (threadIdx.x == 0) ring.init();
   __syncthreads();
   pdl_trigger();
@@ -258,20 +262,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
     uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
-    int64_t j = 0;
-    auto job = [&](int m, const QDecoderLayer& L, int64_t Q, int64_t tile, int m2 = -1) {
-      const int q = static_cast<int>(j++ % kGroups);
-      for (int64_t pc = 0; pc < pieces(Q); ++pc) {
+    int j = 0;
+    auto job = [&](int m, const QDecoderLayer& L, int Q, int tile, int m2 = -1) {
+      const int q = j++ % kGroups;
+      for (int pc = 0; pc < pieces(Q); ++pc) {
         ring.issue(q, k[q], L.codes[m], L.pairs[m], Q, tile, pc);
         if (m2 >= 0) ring.issue(q, k[q], L.codes[m2], L.pairs[m2], Q, tile, pc);
       }
     };
     for (int l = 0; l < d.n_layers; ++l) {
       const QDecoderLayer& L = d.layers[l];
-      for (int64_t t = a0; t < a1; ++t) job(t < tq ? 0 : t < tq + tk ? 1 : 2, L, p.qd, t < tq ? t : t < tq + tk ? t - tq : t - tq - tk);
-      for (int64_t t = o0; t < o1; ++t) job(3, L, p.qo, t);
-      for (int64_t t = f0; t < f1; ++t) job(4, L, p.qd, t, 5);
-      for (int64_t t = e0; t < e1; ++t) job(6, L, p.qf, t);
+      for (int t = a0; t < a1; ++t) job(t < tq ? 0 : t < tq + tk ? 1 : 2, L, p.qd, t < tq ? t : t < tq + tk ? t - tq : t - tq - tk);
+      for (int t = o0; t < o1; ++t) job(3, L, p.qo, t);
+      for (int t = f0; t < f1; ++t) job(4, L, p.qd, t, 5);
+      for (int t = e0; t < e1; ++t) job(6, L, p.qf, t);
     }
     return;
   }
@@ -283,14 +287,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* attn = static_cast<__nv_bfloat16*>(d.attn);
   auto* h = static_cast<__nv_bfloat16*>(d.h);
   uint32_t k = 0;         // pieces this group consumed
-  int64_t j = 0, jg = 0;  // block jobs passed, this group's jobs done
+  int j = 0, jg = 0;  // block jobs passed, this group's jobs done
   // Tiles [t0, t1) of one phase (two matrices per job when pair) against the qx in shared memory;
   // store(row, sum0, sum1) by thread gt < 16 of the job's group.
-  auto run_jobs = [&](int64_t t0, int64_t t1, int64_t Q, bool pair, auto&& store) {
-    for (int64_t t = t0; t < t1; ++t, ++j) {
+  auto run_jobs = [&](int t0, int t1, int Q, bool pair, auto&& store) {
+    for (int t = t0; t < t1; ++t, ++j) {
       if (j % kGroups != grp) continue;
       float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t pc = 0; pc < pieces(Q); ++pc) {
+      for (int pc = 0; pc < pieces(Q); ++pc) {
         ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s0);
         if (pair) ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s1);
       }
@@ -338,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     qx_to_shared<GS, false>(ys, d.dim, p.qd, qx_codes, qx_meta);
     consumers_sync();
   };
-  auto add_residual = [&](int64_t row, float v, float) {
+  auto add_residual = [&](int row, float v, float) {
     x[row] = from_f<__nv_bfloat16>(to_f(__ldcg(x + row)) + to_f(from_f<__nv_bfloat16>(v)));
   };
 
@@ -348,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int l = 0; l < d.n_layers; ++l) {
     const QDecoderLayer& L = d.layers[l];
     norm_to_qx();  // A
-    run_jobs(a0, a1, p.qd, false, [&](int64_t row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
+    run_jobs(a0, a1, p.qd, false, [&](int row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
     consumers_grid_sync(barrier);
     for (int64_t it = b; it < d.n_heads * ns; it += nb) {  // B: items (head, split), a head's splits adjacent
       const int64_t hq = it / ns;
@@ -363,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fetch_norm(L.mlp_norm);
     consumers_grid_sync(barrier);
     norm_to_qx();  // D
-    run_jobs(f0, f1, p.qd, true, [&](int64_t row, float gv, float uv) {
+    run_jobs(f0, f1, p.qd, true, [&](int row, float gv, float uv) {
       const float gr = to_f(from_f<__nv_bfloat16>(gv)), ur = to_f(from_f<__nv_bfloat16>(uv));  // as stored
       h[row] = from_f<__nv_bfloat16>(act_f(gr, d.act) * ur);
     });
