@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
       j["graph_replays"] = st.graph_replays - st0.graph_replays;
       j["device_mallocs"] = st.device_mallocs - st0.device_mallocs;
       j["arena_overflows"] = st.arena_overflows - st0.arena_overflows;
+      j["decoder_stacks"] = st.fused_decoders - st0.fused_decoders;  // eager and captured steps only
     }
 #endif
     std::printf("%s\n", j.dump().c_str());

@@ -81,7 +81,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   const char* mlp = std::getenv("KILN_CUDA_FUSED_MLP");
   im.fused_mlp = mlp && std::strcmp(mlp, "1") == 0;
   const char* dec = std::getenv("KILN_CUDA_FUSED_DECODER");
-  im.fused_decoder = dec && std::strcmp(dec, "1") == 0;
+  im.fused_decoder = !(dec && std::strcmp(dec, "0") == 0);
   stamps_start();
 }
 

@@ -73,7 +73,7 @@ class CudaBackend final : public Backend {
                  Tensor& out) override;
   // One token through every layer in one persistent launch (cuda_qops.cpp, qdecoder.cu) when all
   // seven matrices of every layer are 4-bit of one group size and the shapes fit the kernel
-  // (q4_decoder_fits) and set_fused_decoder is on (off by default: slower than the separate ops yet).
+  // (q4_decoder_fits) and set_fused_decoder is on (the default).
   bool decoder_stack(const DecoderStackArgs& a, Tensor& x) override;
   // Device sampling (cuda_sampling.cpp, kernels in sampling.cu).
   void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
@@ -97,8 +97,8 @@ class CudaBackend final : public Backend {
   // The fused 4-bit gated MLP (gated_mlp): off by default (not faster yet, BENCHMARKS.md);
   // KILN_CUDA_FUSED_MLP=1 or this turns it on.
   void set_fused_mlp(bool on);
-  // The 4-bit decoder stack (decoder_stack): off by default (slower than the separate ops yet,
-  // BENCHMARKS.md); KILN_CUDA_FUSED_DECODER=1 or this turns it on.
+  // The 4-bit decoder stack (decoder_stack): on by default; KILN_CUDA_FUSED_DECODER=0 or this turns
+  // it off (the separate ops, for comparisons).
   void set_fused_decoder(bool on);
   // KILN_CUDA_PROFILE=1: every op is timed with events (graphs off); report() prints a table.
   std::string profile_report() const;

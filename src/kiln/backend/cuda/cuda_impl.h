@@ -80,7 +80,7 @@ struct CudaBackend::Impl {
   // The fused gated MLP (set_fused_mlp) and the grid barrier's arrival counters of it and the
   // decoder stack (launch_q4_gated_mlp, launch_q4_decoder): kGridBarrierWords zeroed words.
   bool fused_mlp = false;
-  bool fused_decoder = false;  // set_fused_decoder
+  bool fused_decoder = true;  // set_fused_decoder
   unsigned long long* grid_barrier = nullptr;
   CudaStats stats;
   AttnKernel attn_kernel = AttnKernel::automatic;

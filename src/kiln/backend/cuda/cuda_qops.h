@@ -28,7 +28,7 @@ bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x
 // size and 2-byte scale dtype without biases, the norms and caches bf16, no softcap, full rotary,
 // the shapes fit q4_decoder_fits and the context at most kDecoderMaxKeys keys (its attention takes a
 // few key splits per head: fine for a chat turn, slower than the split-K kernel for long contexts).
-constexpr int64_t kDecoderMaxKeys = 4096;
+constexpr int64_t kDecoderMaxKeys = 1024;
 bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const DecoderStackArgs& a, Tensor& x);
 // out [n, dim] = dequantized rows ids[t] of the table (ids outside [0, vocab) give zero rows).
 void quantized_embedding(CudaBackend& be, CudaBackend::Impl& im, const Weight& table, const Tensor& ids, Tensor& out);

@@ -242,8 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     q4_decoder_kernel(const __grid_constant__ QDecoder d, DecoderPlan p, unsigned long long* barrier) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
-  const Ring ring{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots,
-                  smem + p.ring_off, p.slots, slot_bytes(GS), pair_quad_bytes(GS)};
+  const Ring ring_{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots,
+                   smem + p.ring_off, p.slots, slot_bytes(GS), pair_quad_bytes(GS)};
+  const Ring& ring = ring_;
   auto* red = reinterpret_cast<float(*)[2][2][kGroupWarps][16]>(smem + 2 * kMaxSlots * 8);
   auto* qx_codes = reinterpret_cast<uint32_t*>(smem + p.qx_codes_off);
   auto* qx_meta = reinterpret_cast<float2*>(smem + p.qx_meta_off);
@@ -261,6 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Jobs in block order j = 0, 1, ... over all layers and phases; job j belongs to group j % 2.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
+    Ring ring = ring_;
+    ring.policy = evict_first_policy();  // 50 MB of L2 would otherwise hold weights, not h or the caches
     uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
     int j = 0;
     auto job = [&](int m, const QDecoderLayer& L, int Q, int tile, int m2 = -1) {

@@ -72,8 +72,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                         Dt yt, unsigned long long* barrier) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
-  const Ring ring{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots,
-                  smem + p.ring_off, p.slots, slot_bytes(GS), pair_quad_bytes(GS)};
+  const Ring ring_{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots,
+                   smem + p.ring_off, p.slots, slot_bytes(GS), pair_quad_bytes(GS)};
+  const Ring& ring = ring_;
   // Partial sums [group][job parity][matrix: gate or down, up][warp][row].
   auto* red = reinterpret_cast<float(*)[2][2][kGroupWarps][16]>(smem + 2 * kMaxSlots * 8);
   auto* qx_codes = reinterpret_cast<uint32_t*>(smem + p.qx_codes_off);
@@ -91,6 +92,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // group j % kGroups, and its pieces pass through that group's ring.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
+    Ring ring = ring_;
+    ring.policy = evict_first_policy();
     uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
     int64_t j = 0;
     for (int64_t tile = gu0; tile < gu1; ++tile, ++j)

@@ -62,6 +62,21 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                "l"(src), "r"(bytes), "r"(saddr(b))
                : "memory");
 }
+// bulk_copy with an L2 cache policy (evict_first_policy: the streamed weights go first, so that they
+// do not push out the activations, caches and partial sums the kernel reads back).
+__device__ __forceinline__ void bulk_copy_hint(void* dst, const void* src, unsigned bytes, uint64_t* b,
+                                               uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          saddr(dst)),
+      "l"(src), "r"(bytes), "r"(saddr(b)), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
 
 // The consumer warps' barriers (the producer warp never joins them): all of them, or one group's.
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers * 32) : "memory"); }
@@ -133,6 +148,7 @@ struct Ring {
   uint64_t* empty;
   unsigned char* base;
   int slots, slot_bytes, pair_quad_bytes;
+  uint64_t policy = 0;  // an L2 cache policy for the copies (evict_first_policy), 0: none
 
   // Thread 0 of the block, before a __syncthreads.
   __device__ void init() const {
@@ -151,9 +167,15 @@ struct Ring {
     const unsigned cb = static_cast<unsigned>(nq * 1024), pb = static_cast<unsigned>(nq * pair_quad_bytes);
     unsigned char* slot = base + int64_t{s} * slot_bytes;
     mbar_arrive_tx(&full[s], cb + pb);
-    bulk_copy(slot, static_cast<const char*>(codes) + (tile * Q + q0) * 1024, cb, &full[s]);
-    bulk_copy(slot + kPieceQuads * 1024, static_cast<const char*>(pairs) + (tile * Q + q0) * pair_quad_bytes, pb,
-              &full[s]);
+    const char* c = static_cast<const char*>(codes) + (tile * Q + q0) * 1024;
+    const char* pp = static_cast<const char*>(pairs) + (tile * Q + q0) * pair_quad_bytes;
+    if (policy) {
+      bulk_copy_hint(slot, c, cb, &full[s], policy);
+      bulk_copy_hint(slot + kPieceQuads * 1024, pp, pb, &full[s], policy);
+    } else {
+      bulk_copy(slot, c, cb, &full[s]);
+      bulk_copy(slot + kPieceQuads * 1024, pp, pb, &full[s]);
+    }
     ++k;
   }
 
