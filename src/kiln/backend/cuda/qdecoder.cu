@@ -20,15 +20,15 @@
 // another order, the attention its keys); rounding points are the same (bf16 q/k/v after the GEMV
 // and after RoPE, bf16 attention output, bf16 GEMV outputs before each residual add).
 //
-// Not faster than the separate ops yet, so off by default (CudaBackend::set_fused_decoder;
-// BENCHMARKS.md, fourteenth session): llama-3-8b 4-bit batch 1 runs at 368-380 tok/s against 390-423
-// for the separate ops. Per-block timestamps of one layer (µs from its start): norm + qx 4.7, q/k/v
-// tiles done 9.3 (mean) / 10.1 (last), barrier 11.5, attention done 19.6 / 21.6, barrier 22.6, attn's
-// qx 25.6, o done 29.1 / 30.2, barrier 33.1, norm 37.4, gate/up done 52.7 / 55.0, barrier 57.0, h's qx
-// 62.3, down done 69.9 / 74.6, barrier 77.4. Gate/up and down stream at about the DRAM rate; the
-// ~50 µs of latency chains between them (each L2 round trip ~1-2 µs, several per phase) are longer
-// than the separate kernels' (~34 µs), and holding the weight stream back during them (a probe) or
-// capping the pieces in flight changed none of them.
+// The default for one-token 4-bit decode (CudaBackend::set_fused_decoder; BENCHMARKS.md, fourteenth
+// session): llama-3-8b 4-bit batch 1 at 434-455 tok/s against 397-427 for the separate ops. The ring's
+// copies evict first from L2 (qring.cuh): without that the ~115 MB of weights per layer pushed h, the
+// residual and the caches out of the 50 MB L2 between their write and their read, and the stack was
+// slower than the separate ops (380-394 tok/s). Per-block timestamps of one layer (µs from its start,
+// mean / last block): norm + qx 3.0, q/k/v tiles 6.5 / 6.9, barrier 8.3, attention 14.2 / 15.9,
+// barrier 17.0, attn's qx 18.5, o 21.1 / 21.7, barrier 24.9, norm 28.3, gate/up 41.7 / 43.6, barrier
+// 45.5, h's qx 48.9, down 55.1 / 59.1, barrier 60.7. Gate/up and down stream at about the DRAM rate;
+// the rest is latency chains (barriers, norms, the attention, the qx reads).
 #include <algorithm>
 #include <cfloat>
 #include <cstdio>
