@@ -235,7 +235,8 @@ class CudaDecoderStack : public ::testing::TestWithParam<StackShape> {
 
 TEST_P(CudaDecoderStack, MatchesTheSeparateOps) {
   const StackShape s = GetParam();
-  const fs::path dir = fs::temp_directory_path() / ("kiln_stack_" + std::to_string(s.head_dim) + "_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("kiln_stack_" + std::to_string(s.head_dim) + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   write_random_q4_llama(dir.string(), s);
   auto ops = load(dir.string(), true), stack = load(dir.string(), true);

@@ -110,6 +110,19 @@ Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, b
   return be.to_host(ids);
 }
 
+backend::AttnParams attn_params(const ModelConfig& c, const AttentionOptions& o, int block_size, int max_blocks) {
+  backend::AttnParams p;
+  p.n_heads = c.n_heads;
+  p.n_kv_heads = c.n_kv_heads;
+  p.head_dim = c.head_dim;
+  p.scale = o.scale;
+  p.softcap = o.softcap;
+  p.window = o.window;
+  p.block_size = block_size;
+  p.max_blocks = max_blocks;
+  return p;
+}
+
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,
                      const Tensor& x, const StepInputs& in, Tensor& k_cache, Tensor& v_cache, int block_size, Tensor& out) {
   const int64_t n = in.n_tokens, hd = c.head_dim;
@@ -128,15 +141,7 @@ void attention_block(backend::Backend& be, const ModelConfig& c, const Attention
   Tensor q3 = q.view({n, c.n_heads, hd}), k3 = k.view({n, c.n_kv_heads, hd});
   be.rope_kv_write(q3, k3, v, in.positions, o.inv_freq, o.rope_attn_factor, in.slots, k_cache, v_cache);
 
-  backend::AttnParams p;
-  p.n_heads = c.n_heads;
-  p.n_kv_heads = c.n_kv_heads;
-  p.head_dim = c.head_dim;
-  p.scale = o.scale;
-  p.softcap = o.softcap;
-  p.window = o.window;
-  p.block_size = block_size;
-  p.max_blocks = in.max_blocks;
+  const backend::AttnParams p = attn_params(c, o, block_size, in.max_blocks);
   Tensor attn = be.alloc(t, {n, c.n_heads * hd});
   be.attention(q, k_cache, v_cache, in.block_tables, in.token_seq, in.positions, p, attn);
   be.matmul(attn, w.o, out);

@@ -59,6 +59,8 @@ struct AttentionOptions {
   float rope_attn_factor = 1.0f;
 };
 
+// The attention parameters of the model and options o (window included) over the step's block tables.
+backend::AttnParams attn_params(const ModelConfig& c, const AttentionOptions& o, int block_size, int max_blocks);
 // out [n_tokens, dim] = o_proj(attention(rope(q), rope(k), v)) for layer `layer`; x is the normed input.
 // q/k/v come from one matmul_multi; rope and the KV write are one rope_kv_write (after the q/k norms).
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,

@@ -111,12 +111,7 @@ class Llama final : public Model {
     }
     backend::DecoderStackArgs a;
     a.layers = refs;
-    a.attn.n_heads = c.n_heads;
-    a.attn.n_kv_heads = c.n_kv_heads;
-    a.attn.head_dim = c.head_dim;
-    a.attn.scale = ao.scale;
-    a.attn.block_size = cache.block_size;
-    a.attn.max_blocks = in.max_blocks;
+    a.attn = attn_params(c, ao, cache.block_size, in.max_blocks);  // the window is per layer
     a.act = act_;
     a.eps = static_cast<float>(c.rms_norm_eps);
     a.inv_freq = rope.inv_freq;

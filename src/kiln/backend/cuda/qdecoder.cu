@@ -50,11 +50,11 @@ constexpr int kNormRegs = kQDecoderMaxDim / (kConsumers * 32);  // residual valu
 // Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the normed row, or the attention's
 // q / k / v and per-warp partials][ring slots].
 struct DecoderPlan {
-  int qd, qo, qf;              // quads per row of dim, of q_out (o's input), of ffn
+  int qd, qo, qf;               // quads per row of dim, of q_out (o's input), of ffn
   int t_qkv, t_o, t_ffn, t_dn;  // 16-row tiles of q | k | v, o, gate (= up), down
   int tq, tk;                   // of q, of k (= v)
-  int slots;                       // per group
-  int splits;                      // attention key splits per query head
+  int slots;                    // per group
+  int splits;                   // attention key splits per query head
   int64_t qx_codes_off, qx_meta_off, scratch_off, ring_off, smem;
 };
 
@@ -242,10 +242,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     q4_decoder_kernel(const __grid_constant__ QDecoder d, DecoderPlan p, unsigned long long* barrier) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
-  const Ring ring_{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots,
-                   smem + p.ring_off, p.slots, slot_bytes(GS), pair_quad_bytes(GS)};
-  const Ring& ring = ring_;
-  auto* red = reinterpret_cast<float(*)[2][2][kGroupWarps][16]>(smem + 2 * kMaxSlots * 8);
+  const Ring ring = ring_at<GS>(smem, p.ring_off, p.slots);
+  auto* red = partials_at(smem);
   auto* qx_codes = reinterpret_cast<uint32_t*>(smem + p.qx_codes_off);
   auto* qx_meta = reinterpret_cast<float2*>(smem + p.qx_meta_off);
   unsigned char* scratch = smem + p.scratch_off;
@@ -255,27 +253,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int a0 = b * p.t_qkv / nb, a1 = (b + 1) * p.t_qkv / nb, o0 = b * p.t_o / nb, o1 = (b + 1) * p.t_o / nb;
   const int f0 = b * p.t_ffn / nb, f1 = (b + 1) * p.t_ffn / nb, e0 = b * p.t_dn / nb, e1 = (b + 1) * p.t_dn / nb;
   const int tq = p.tq, tk = p.tk;
-  if (threadIdx.x == 0) ring.init();
-  __syncthreads();
-  pdl_trigger();
+  ring.start();
 
   // Jobs in block order j = 0, 1, ... over all layers and phases; job j belongs to group j % 2.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
-    Ring ring = ring_;
-    ring.policy = evict_first_policy();  // 50 MB of L2 would otherwise hold weights, not h or the caches
+    const Ring stream = ring.streaming();
     uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
     int j = 0;
     auto job = [&](int m, const QDecoderLayer& L, int Q, int tile, int m2 = -1) {
       const int q = j++ % kGroups;
       for (int pc = 0; pc < pieces(Q); ++pc) {
-        ring.issue(q, k[q], L.codes[m], L.pairs[m], Q, tile, pc);
-        if (m2 >= 0) ring.issue(q, k[q], L.codes[m2], L.pairs[m2], Q, tile, pc);
+        stream.issue(q, k[q], L.codes[m], L.pairs[m], Q, tile, pc);
+        if (m2 >= 0) stream.issue(q, k[q], L.codes[m2], L.pairs[m2], Q, tile, pc);
       }
     };
     for (int l = 0; l < d.n_layers; ++l) {
       const QDecoderLayer& L = d.layers[l];
-      for (int t = a0; t < a1; ++t) job(t < tq ? 0 : t < tq + tk ? 1 : 2, L, p.qd, t < tq ? t : t < tq + tk ? t - tq : t - tq - tk);
+      for (int t = a0; t < a1; ++t)  // q, k, v tiles: matrix and tile within it
+        job(t < tq ? 0 : t < tq + tk ? 1 : 2, L, p.qd, t < tq ? t : t < tq + tk ? t - tq : t - tq - tk);
       for (int t = o0; t < o1; ++t) job(3, L, p.qo, t);
       for (int t = f0; t < f1; ++t) job(4, L, p.qd, t, 5);
       for (int t = e0; t < e1; ++t) job(6, L, p.qf, t);
@@ -289,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* qkv = static_cast<__nv_bfloat16*>(d.qkv);
   auto* attn = static_cast<__nv_bfloat16*>(d.attn);
   auto* h = static_cast<__nv_bfloat16*>(d.h);
-  uint32_t k = 0;         // pieces this group consumed
+  uint32_t k = 0;     // pieces this group consumed
   int j = 0, jg = 0;  // block jobs passed, this group's jobs done
   // Tiles [t0, t1) of one phase (two matrices per job when pair) against the qx in shared memory;
   // store(row, sum0, sum1) by thread gt < 16 of the job's group.
@@ -412,7 +408,8 @@ void launch_q4_decoder(const QDecoder& d, unsigned long long* barrier, int n_sms
                                       smem_optin() - kStaticSmem) == cudaSuccess;
         }();
         if (!attr) {
-          std::fprintf(stderr, "[cuda] q4_decoder: cannot allow %d bytes of shared memory\n", smem_optin() - kStaticSmem);
+          std::fprintf(stderr, "[cuda] q4_decoder: cannot allow %d bytes of shared memory\n",
+                       smem_optin() - kStaticSmem);
           std::abort();
         }
         launch_pdl(q4_decoder_kernel<ST, GS>, grid, kThreads, static_cast<size_t>(p.smem), s, d, p, barrier);

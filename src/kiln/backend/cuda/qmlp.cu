@@ -72,11 +72,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                         Dt yt, unsigned long long* barrier) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
-  const Ring ring_{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots,
-                   smem + p.ring_off, p.slots, slot_bytes(GS), pair_quad_bytes(GS)};
-  const Ring& ring = ring_;
-  // Partial sums [group][job parity][matrix: gate or down, up][warp][row].
-  auto* red = reinterpret_cast<float(*)[2][2][kGroupWarps][16]>(smem + 2 * kMaxSlots * 8);
+  const Ring ring = ring_at<GS>(smem, p.ring_off, p.slots);
+  auto* red = partials_at(smem);  // [group][job parity][matrix: gate or down, up][warp][row]
   auto* qx_codes = reinterpret_cast<uint32_t*>(smem + p.qx_codes_off);
   auto* qx_meta = reinterpret_cast<float2*>(smem + p.qx_meta_off);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -84,28 +81,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t gu0 = blockIdx.x * tf / nb, gu1 = (blockIdx.x + 1) * tf / nb;
   const int64_t dn0 = blockIdx.x * td / nb, dn1 = (blockIdx.x + 1) * td / nb;
   const int64_t pin = (p.qd + kPieceQuads - 1) / kPieceQuads, pff = (p.qf + kPieceQuads - 1) / kPieceQuads;
-  if (threadIdx.x == 0) ring.init();
-  __syncthreads();
-  pdl_trigger();
+  ring.start();
 
   // Jobs in block order j = 0, 1, ...: the gate/up tile pairs, then the down tiles; job j belongs to
   // group j % kGroups, and its pieces pass through that group's ring.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
-    Ring ring = ring_;
-    ring.policy = evict_first_policy();
+    const Ring stream = ring.streaming();
     uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
     int64_t j = 0;
     for (int64_t tile = gu0; tile < gu1; ++tile, ++j)
       for (int64_t pc = 0; pc < pin; ++pc) {
         const int q = static_cast<int>(j % kGroups);
-        ring.issue(q, k[q], m.gate.w, m.gate.pairs, p.qd, tile, pc);
-        ring.issue(q, k[q], m.up.w, m.up.pairs, p.qd, tile, pc);
+        stream.issue(q, k[q], m.gate.w, m.gate.pairs, p.qd, tile, pc);
+        stream.issue(q, k[q], m.up.w, m.up.pairs, p.qd, tile, pc);
       }
     for (int64_t tile = dn0; tile < dn1; ++tile, ++j)
       for (int64_t pc = 0; pc < pff; ++pc) {
         const int q = static_cast<int>(j % kGroups);
-        ring.issue(q, k[q], m.down.w, m.down.pairs, p.qf, tile, pc);
+        stream.issue(q, k[q], m.down.w, m.down.pairs, p.qf, tile, pc);
       }
     return;
   }

@@ -67,9 +67,8 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void bulk_copy_hint(void* dst, const void* src, unsigned bytes, uint64_t* b,
                                                uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          saddr(dst)),
-      "l"(src), "r"(bytes), "r"(saddr(b)), "l"(policy)
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+      ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)), "l"(policy)
       : "memory");
 }
 __device__ __forceinline__ uint64_t evict_first_policy() {
@@ -150,10 +149,23 @@ struct Ring {
   int slots, slot_bytes, pair_quad_bytes;
   uint64_t policy = 0;  // an L2 cache policy for the copies (evict_first_policy), 0: none
 
-  // Thread 0 of the block, before a __syncthreads.
-  __device__ void init() const {
-    for (int s = 0; s < kGroups * slots; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], kGroupWarps);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  // Every thread of the block at the kernel's start: the mbarriers initialized and visible, then the
+  // next PDL kernel allowed to launch.
+  __device__ void start() const {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kGroups * slots; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], kGroupWarps);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+    pdl_trigger();
+  }
+  // The producer's copy: its bulk copies evict first from L2, so that the streamed weights do not push
+  // out the activations, caches and partial sums the kernel reads back (BENCHMARKS.md, fourteenth
+  // session: h's read back after ~60 MB of weights went 5.1 -> 3.4 µs, the layer 73 -> 61 µs).
+  __device__ Ring streaming() const {
+    Ring r = *this;
+    r.policy = evict_first_policy();
+    return r;
   }
 
   // The producer: piece pc of tile `tile` of matrix (codes, pairs) with Q quads per row into group
@@ -218,6 +230,18 @@ struct Ring {
     ++k;
   }
 };
+
+// The ring and partial sums at the start of a kernel's dynamic shared memory: [full mbarriers][empty
+// mbarriers][partial sums] (kFixedSmem bytes), the ring's slots at ring_off.
+template <int GS>
+__device__ __forceinline__ Ring ring_at(unsigned char* smem, int64_t ring_off, int slots) {
+  return Ring{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots, smem + ring_off, slots,
+              slot_bytes(GS), pair_quad_bytes(GS)};
+}
+// Partial sums [group][job parity][matrix][warp][row] (put_partials / sum_partials).
+__device__ __forceinline__ auto partials_at(unsigned char* smem) {
+  return reinterpret_cast<float(*)[2][2][kGroupWarps][16]>(smem + 2 * kMaxSlots * 8);
+}
 
 // Rows [16 tile, 16 tile + 16) of a group's job: thread gt (< 16) of the group gets the sum over the
 // group's warps of row gt's partials, in warp order (the same bits on every run). red: this job's
