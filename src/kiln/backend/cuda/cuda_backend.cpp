@@ -2,6 +2,7 @@
 // per-step arena, pinned staging for uploads and downloads, CUDA-graph capture/replay of decode
 // steps, the weight residency map (host address -> device copy) and op profiling.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -48,6 +49,12 @@ Dt dt_of(const Tensor& t, const char* op, const char* arg) {
   }
 }
 
+namespace {
+std::atomic<int> g_live_backends{0};
+}  // namespace
+
+int live_cuda_backends() { return g_live_backends.load(); }
+
 CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   Impl& im = *impl_;
   im.device = device;
@@ -83,6 +90,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   const char* dec = std::getenv("KILN_CUDA_FUSED_DECODER");
   im.fused_decoder = !(dec && std::strcmp(dec, "0") == 0);
   stamps_start();
+  ++g_live_backends;  // last: a constructor that throws leaves no backend
 }
 
 L2Prefetch CudaBackend::Impl::next_gemv_prefetch() const {
@@ -103,6 +111,7 @@ L2Prefetch CudaBackend::Impl::next_gemv_prefetch() const {
 }
 
 CudaBackend::~CudaBackend() {
+  --g_live_backends;
   Impl& im = *impl_;
   cudaStreamSynchronize(im.stream);
   im.drop_graphs();

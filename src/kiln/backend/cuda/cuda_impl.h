@@ -68,6 +68,11 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
+// CudaBackends alive in the process. The persistent kernels (launch_q4_gated_mlp, launch_q4_decoder)
+// are launched only while there is one: each spins at grid barriers that need all of its blocks
+// resident, so two of them on two backends' streams at once could each hold SMs the other waits for.
+int live_cuda_backends();
+
 struct CudaBackend::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;

@@ -216,7 +216,7 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
 
 bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& gate,
                          const Weight& up, const Weight& down, Activation act, Tensor& out) {
-  if (!im.fused_mlp || x.rows() != 1) return false;
+  if (!im.fused_mlp || x.rows() != 1 || live_cuda_backends() > 1) return false;
   const Weight* ws[] = {&gate, &up, &down};
   for (const Weight* w : ws)
     if (!w->quantized() || w->bits != 4 || !w->bias.empty() || w->group_size != gate.group_size ||
@@ -246,7 +246,7 @@ bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x
 bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const DecoderStackArgs& a, Tensor& x) {
   const AttnParams& ap = a.attn;
   auto on_device = [](const Tensor& t, DType dt) { return !t.empty() && t.device == Device::cuda && t.dtype == dt; };
-  if (!im.fused_decoder || a.layers.empty() || a.layers.size() > static_cast<size_t>(kQDecoderMaxLayers) ||
+  if (!im.fused_decoder || live_cuda_backends() > 1 || a.layers.empty() || a.layers.size() > static_cast<size_t>(kQDecoderMaxLayers) ||
       x.rows() != 1 || !on_device(x, DType::bf16) || ap.softcap > 0.0f || ap.n_kv_heads <= 0 ||
       int64_t{ap.block_size} * ap.max_blocks > kDecoderMaxKeys || !on_device(a.inv_freq, DType::f32) ||
       a.inv_freq.numel() * 2 != ap.head_dim || !on_device(a.block_tables, DType::i32))
