@@ -73,7 +73,8 @@ class CudaBackend final : public Backend {
                  Tensor& out) override;
   // One token through every layer in one persistent launch (cuda_qops.cpp, qdecoder.cu) when all
   // seven matrices of every layer are 4-bit of one group size and the shapes fit the kernel
-  // (q4_decoder_fits) and set_fused_decoder is on (the default).
+  // (q4_decoder_fits), set_fused_decoder is on (the default) and this is the process's only
+  // CudaBackend (a persistent kernel waits at grid barriers for all of its blocks).
   bool decoder_stack(const DecoderStackArgs& a, Tensor& x) override;
   // Device sampling (cuda_sampling.cpp, kernels in sampling.cu).
   void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
