@@ -121,6 +121,27 @@ __device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, int64_t 
   const int64_t j_begin = lo_key + sp * per, j_end = min(pos, j_begin + per - 1);  // inclusive
   const bool has_new = j_begin <= pos && pos <= j_end;  // this split holds the token's own key
   const bool writer = has_new && hq % group == 0 && slot >= 0 && slot < d.n_slots;  // stores its k / v
+  // The warp's keys j0, j0 + 16, ... (kBatch of them) of the cache, every load in flight together;
+  // the first batch is requested before q / k / v are read: it does not depend on this step.
+  const int seq = d.token_seq[0];
+  using Vec = std::conditional_t<E == 4, uint2, uint32_t>;  // a lane's E bf16
+  constexpr int64_t kStride = int64_t{kConsumers} * kBatch;
+  auto* kc = static_cast<__nv_bfloat16*>(L.k_cache);
+  auto* vc = static_cast<__nv_bfloat16*>(L.v_cache);
+  auto load_batch = [&](int64_t j0, Vec(&kv)[kBatch], Vec(&vv)[kBatch]) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int64_t j = j0 + int64_t{i} * kConsumers;
+      if (j <= j_end && j != pos) {
+        const int64_t row = (int64_t{d.block_tables[int64_t{seq} * d.max_blocks + j / d.block_size]} * d.block_size +
+                             j % d.block_size) * kv_out + kvh * hd + lane * E;
+        kv[i] = __ldcg(reinterpret_cast<const Vec*>(kc + row));
+        vv[i] = __ldcg(reinterpret_cast<const Vec*>(vc + row));
+      }
+    }
+  };
+  Vec kv[kBatch], vv[kBatch];
+  load_batch(j_begin + warp, kv, vv);
   if (tid < hd) {
     raw[tid] = __ldcg(qkv + hq * hd + tid);
     if (has_new) {
@@ -129,8 +150,6 @@ __device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, int64_t 
     }
   }
   consumers_sync();
-  auto* kc = static_cast<__nv_bfloat16*>(L.k_cache);
-  auto* vc = static_cast<__nv_bfloat16*>(L.v_cache);
   const float p = static_cast<float>(pos);
   if (tid < half) {
     __nv_bfloat16 lo, hi;
@@ -151,20 +170,8 @@ __device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, int64_t 
   float q[E], acc[E], m = -FLT_MAX, l = 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) q[e] = qf[lane * E + e], acc[e] = 0.0f;
-  const int seq = d.token_seq[0];
-  using Vec = std::conditional_t<E == 4, uint2, uint32_t>;  // a lane's E bf16
-  for (int64_t j0 = j_begin + warp; j0 <= j_end; j0 += int64_t{kConsumers} * kBatch) {
-    Vec kv[kBatch], vv[kBatch];
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {  // every load of the batch in flight together
-      const int64_t j = j0 + int64_t{i} * kConsumers;
-      if (j <= j_end && j != pos) {
-        const int64_t row = (int64_t{d.block_tables[int64_t{seq} * d.max_blocks + j / d.block_size]} * d.block_size +
-                             j % d.block_size) * kv_out + kvh * hd + lane * E;
-        kv[i] = __ldcg(reinterpret_cast<const Vec*>(kc + row));
-        vv[i] = __ldcg(reinterpret_cast<const Vec*>(vc + row));
-      }
-    }
+  for (int64_t j0 = j_begin + warp; j0 <= j_end; j0 += kStride) {
+    if (j0 > j_begin + warp) load_batch(j0, kv, vv);  // the first batch is in flight since the start
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int64_t j = j0 + int64_t{i} * kConsumers;
@@ -258,14 +265,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Jobs in block order j = 0, 1, ... over all layers and phases; job j belongs to group j % 2.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
-    const Ring stream = ring.streaming();
     uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
     int j = 0;
     auto job = [&](int m, const QDecoderLayer& L, int Q, int tile, int m2 = -1) {
       const int q = j++ % kGroups;
       for (int pc = 0; pc < pieces(Q); ++pc) {
-        stream.issue(q, k[q], L.codes[m], L.pairs[m], Q, tile, pc);
-        if (m2 >= 0) stream.issue(q, k[q], L.codes[m2], L.pairs[m2], Q, tile, pc);
+        ring.issue(q, k[q], L.codes[m], L.pairs[m], Q, tile, pc);
+        if (m2 >= 0) ring.issue(q, k[q], L.codes[m2], L.pairs[m2], Q, tile, pc);
       }
     };
     for (int l = 0; l < d.n_layers; ++l) {
@@ -346,37 +352,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   const int ns = p.splits;
+  GridBarrier grid(barrier);  // thread 0's
   fetch_norm(d.layers[0].attn_norm);
   pdl_wait();  // x is the previous kernel's output
   for (int l = 0; l < d.n_layers; ++l) {
     const QDecoderLayer& L = d.layers[l];
     norm_to_qx();  // A
     run_jobs(a0, a1, p.qd, false, [&](int row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
-    consumers_grid_sync(barrier);
+    consumers_grid_sync(grid);
     for (int64_t it = b; it < d.n_heads * ns; it += nb) {  // B: items (head, split), a head's splits adjacent
       const int64_t hq = it / ns;
       const int sp = static_cast<int>(it % ns);
       if (d.head_dim == 64) attend_split<2>(d, L, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
       else attend_split<4>(d, L, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
     }
-    consumers_grid_sync(barrier);
+    consumers_grid_sync(grid);
     qx_to_shared<GS>(attn, d.n_heads * d.head_dim, p.qo, qx_codes, qx_meta);  // C
     consumers_sync();
     run_jobs(o0, o1, p.qo, false, add_residual);
     fetch_norm(L.mlp_norm);
-    consumers_grid_sync(barrier);
+    consumers_grid_sync(grid);
     norm_to_qx();  // D
     run_jobs(f0, f1, p.qd, true, [&](int row, float gv, float uv) {
       const float gr = to_f(from_f<__nv_bfloat16>(gv)), ur = to_f(from_f<__nv_bfloat16>(uv));  // as stored
       h[row] = from_f<__nv_bfloat16>(act_f(gr, d.act) * ur);
     });
-    consumers_grid_sync(barrier);
+    consumers_grid_sync(grid);
     qx_to_shared<GS>(h, d.ffn, p.qf, qx_codes, qx_meta);  // E
     consumers_sync();
     run_jobs(e0, e1, p.qf, false, add_residual);
     if (l + 1 < d.n_layers) {
       fetch_norm(d.layers[l + 1].attn_norm);
-      consumers_grid_sync(barrier);
+      consumers_grid_sync(grid);
     }
   }
 #else

@@ -87,19 +87,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // group j % kGroups, and its pieces pass through that group's ring.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
-    const Ring stream = ring.streaming();
     uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
     int64_t j = 0;
     for (int64_t tile = gu0; tile < gu1; ++tile, ++j)
       for (int64_t pc = 0; pc < pin; ++pc) {
         const int q = static_cast<int>(j % kGroups);
-        stream.issue(q, k[q], m.gate.w, m.gate.pairs, p.qd, tile, pc);
-        stream.issue(q, k[q], m.up.w, m.up.pairs, p.qd, tile, pc);
+        ring.issue(q, k[q], m.gate.w, m.gate.pairs, p.qd, tile, pc);
+        ring.issue(q, k[q], m.up.w, m.up.pairs, p.qd, tile, pc);
       }
     for (int64_t tile = dn0; tile < dn1; ++tile, ++j)
       for (int64_t pc = 0; pc < pff; ++pc) {
         const int q = static_cast<int>(j % kGroups);
-        stream.issue(q, k[q], m.down.w, m.down.pairs, p.qf, tile, pc);
+        ring.issue(q, k[q], m.down.w, m.down.pairs, p.qf, tile, pc);
       }
     return;
   }
@@ -132,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   consumers_sync();  // this block's h is written
-  if (threadIdx.x == 0) grid_barrier(barrier, dn1 > dn0);
+  if (threadIdx.x == 0) GridBarrier(barrier).arrive(dn1 > dn0);
   if (dn1 == dn0) return;
   consumers_sync();
   qx_to_shared<GS>(h, p.ffn, p.qf, qx_codes, qx_meta);

@@ -56,13 +56,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
         : "r"(saddr(b)), "r"(parity)
         : "memory");
 }
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* b) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   saddr(dst)),
-               "l"(src), "r"(bytes), "r"(saddr(b))
-               : "memory");
-}
-// bulk_copy with an L2 cache policy (evict_first_policy: the streamed weights go first, so that they
+// A bulk copy with an L2 cache policy (evict_first_policy: the streamed weights go first, so that they
 // do not push out the activations, caches and partial sums the kernel reads back).
 __device__ __forceinline__ void bulk_copy_hint(void* dst, const void* src, unsigned bytes, uint64_t* b,
                                                uint64_t policy) {
@@ -85,26 +79,36 @@ __device__ __forceinline__ void group_sync(int grp) {
   else asm volatile("bar.sync 3, %0;" ::"n"(kGroupWarps * 32) : "memory");
 }
 
-// All blocks of the grid: ctr[gridDim.x] counts arrivals at every barrier of every launch of this
-// grid size, so each launch finds it at a multiple of the size (launches never overlap here: each
-// waits for the previous kernel first). Called by one thread per block, after a block barrier over
-// the writes it publishes.
-__device__ __forceinline__ void grid_barrier(unsigned long long* ctr, bool wait) {
-  unsigned long long* c = ctr + gridDim.x;
-  __threadfence();
-  const unsigned long long target = (atomicAdd(c, 1ull) / gridDim.x + 1) * gridDim.x;
-  if (wait) {
+// All blocks of the grid, one thread of each (after a block barrier over the writes it publishes):
+// ctr[gridDim.x] counts arrivals at every barrier of every launch of this grid size, so each launch
+// finds it at a multiple of the size (launches never overlap here: each waits for the previous kernel
+// first, and completes every barrier it begins). The thread keeps the count that completes its next
+// barrier (from the counter's value before its first arrival) and arrives with a release reduction,
+// which does not wait for an answer (a fence and an atomicAdd's round trip sat on the last block's
+// path: BENCHMARKS.md, fifteenth session); the wait is an acquire poll.
+struct GridBarrier {
+  unsigned long long* c;
+  unsigned long long target;
+  __device__ explicit GridBarrier(unsigned long long* ctr) : c(ctr + gridDim.x) {
     unsigned long long v;
-    do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(c) : "memory");
-    while (v < target);
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(c) : "memory");
+    target = (v / gridDim.x + 1) * gridDim.x;
   }
-  __threadfence();
-}
-// Every consumer thread: the grid barrier, with this block's writes before it published and the
-// other blocks' visible after it.
-__device__ __forceinline__ void consumers_grid_sync(unsigned long long* ctr) {
+  __device__ void arrive(bool wait) {
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+    if (wait) {
+      unsigned long long v;
+      do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(c) : "memory");
+      while (v < target);
+    }
+    target += gridDim.x;
+  }
+};
+// Every consumer thread: the grid barrier (gb: thread 0's), with this block's writes before it
+// published and the other blocks' visible after it.
+__device__ __forceinline__ void consumers_grid_sync(GridBarrier& gb) {
   consumers_sync();
-  if (threadIdx.x == 0) grid_barrier(ctr, true);
+  if (threadIdx.x == 0) gb.arrive(true);
   consumers_sync();
 }
 
@@ -147,7 +151,6 @@ struct Ring {
   uint64_t* empty;
   unsigned char* base;
   int slots, slot_bytes, pair_quad_bytes;
-  uint64_t policy = 0;  // an L2 cache policy for the copies (evict_first_policy), 0: none
 
   // Every thread of the block at the kernel's start: the mbarriers initialized and visible, then the
   // next PDL kernel allowed to launch.
@@ -159,17 +162,11 @@ struct Ring {
     __syncthreads();
     pdl_trigger();
   }
-  // The producer's copy: its bulk copies evict first from L2, so that the streamed weights do not push
-  // out the activations, caches and partial sums the kernel reads back (BENCHMARKS.md, fourteenth
-  // session: h's read back after ~60 MB of weights went 5.1 -> 3.4 µs, the layer 73 -> 61 µs).
-  __device__ Ring streaming() const {
-    Ring r = *this;
-    r.policy = evict_first_policy();
-    return r;
-  }
-
   // The producer: piece pc of tile `tile` of matrix (codes, pairs) with Q quads per row into group
-  // grp's ring as its k-th piece (k counts that group's pieces).
+  // grp's ring as its k-th piece (k counts that group's pieces). The copies evict first from L2, so
+  // that the streamed weights do not push out the activations, caches and partial sums the kernel
+  // reads back (BENCHMARKS.md, fourteenth session: h's read back after ~60 MB of weights went
+  // 5.1 -> 3.4 µs, a decoder layer 73 -> 61 µs).
   __device__ void issue(int grp, uint32_t& k, const void* codes, const void* pairs, int64_t Q, int64_t tile,
                         int64_t pc) const {
     const int s = grp * slots + static_cast<int>(k % slots);
@@ -181,13 +178,9 @@ struct Ring {
     mbar_arrive_tx(&full[s], cb + pb);
     const char* c = static_cast<const char*>(codes) + (tile * Q + q0) * 1024;
     const char* pp = static_cast<const char*>(pairs) + (tile * Q + q0) * pair_quad_bytes;
-    if (policy) {
-      bulk_copy_hint(slot, c, cb, &full[s], policy);
-      bulk_copy_hint(slot + kPieceQuads * 1024, pp, pb, &full[s], policy);
-    } else {
-      bulk_copy(slot, c, cb, &full[s]);
-      bulk_copy(slot + kPieceQuads * 1024, pp, pb, &full[s]);
-    }
+    const uint64_t policy = evict_first_policy();
+    bulk_copy_hint(slot, c, cb, &full[s], policy);
+    bulk_copy_hint(slot + kPieceQuads * 1024, pp, pb, &full[s], policy);
     ++k;
   }
 
