@@ -22,10 +22,9 @@
 //
 // The default for one-token 4-bit decode (CudaBackend::set_fused_decoder; BENCHMARKS.md, fourteenth
 // and fifteenth sessions): llama-3-8b 4-bit batch 1 at ~450-467 tok/s against 409-427 for the separate
-// ops. The ring's
-// copies evict first from L2 (qring.cuh): without that the ~115 MB of weights per layer pushed h, the
-// residual and the caches out of the 50 MB L2 between their write and their read, and the stack was
-// slower than the separate ops (380-394 tok/s). Per-block timestamps of one layer (µs from its start,
+// ops. The ring's copies evict first from L2 (qring.cuh): without that the ~115 MB of weights per layer
+// pushed h, the residual and the caches out of the 50 MB L2 between their write and their read, and the
+// stack was slower than the separate ops (380-394 tok/s). Per-block timestamps of one layer (µs from its start,
 // mean / last block): norm + qx 3.0, q/k/v tiles 6.5 / 6.9, barrier 8.3, attention 14.2 / 15.9,
 // barrier 17.0, attn's qx 18.5, o 21.1 / 21.7, barrier 24.9, norm 28.3, gate/up 41.7 / 43.6, barrier
 // 45.5, h's qx 48.9, down 55.1 / 59.1, barrier 60.7. The ring alone streams at 94-97% of the bound and
