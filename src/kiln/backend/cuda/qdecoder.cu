@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Jobs in block order j = 0, 1, ... over all layers and phases; job j belongs to group j % 2.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
-    uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
+    Cursor k[kGroups];  // each group's ring: where the next piece goes
     int j = 0;
     auto job = [&](int m, const QDecoderLayer& L, int Q, int tile, int m2 = -1) {
       const int q = j++ % kGroups;
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* qkv = static_cast<__nv_bfloat16*>(d.qkv);
   auto* attn = static_cast<__nv_bfloat16*>(d.attn);
   auto* h = static_cast<__nv_bfloat16*>(d.h);
-  uint32_t k = 0;     // pieces this group consumed
+  Cursor k;  // the group's ring: where its next piece is
   int j = 0, jg = 0;  // block jobs passed, this group's jobs done
   // Tiles [t0, t1) of one phase (two matrices per job when pair) against the qx in shared memory;
   // store(row, sum0, sum1) by thread gt < 16 of the job's group.

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // group j % kGroups, and its pieces pass through that group's ring.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
-    uint32_t k[kGroups] = {0, 0};  // pieces issued to each group's ring
+    Cursor k[kGroups];  // each group's ring: where the next piece goes
     int64_t j = 0;
     for (int64_t tile = gu0; tile < gu1; ++tile, ++j)
       for (int64_t pc = 0; pc < pin; ++pc) {
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The consumers: warp gw of group grp.
   const int grp = warp / kGroupWarps, gw = warp % kGroupWarps, gt = threadIdx.x % (kGroupWarps * 32);
   pdl_wait();  // x is the previous kernel's output; h and y may still be read by earlier kernels
-  uint32_t k = 0;  // pieces this group consumed
+  Cursor k;  // the group's ring: where its next piece is
   int64_t j = 0, jg = 0;  // block jobs passed, this group's jobs done
 
   if (gu1 > gu0) {

@@ -145,6 +145,17 @@ __device__ void qx_to_shared(const __nv_bfloat16* src, int64_t cols, int64_t qua
   }
 }
 
+// A position in one group's ring: the slot and how many times the ring came round before (its
+// mbarriers' phase parity), kept by counting rather than dividing a piece count by the slots (a
+// runtime division before every piece's wait).
+struct Cursor {
+  int slot = 0;
+  uint32_t lap = 0;
+  __device__ void advance(int slots) {
+    if (++slot == slots) slot = 0, ++lap;
+  }
+};
+
 // A block's view of its ring: full / empty mbarriers [group][slot], the slots after `base`.
 struct Ring {
   uint64_t* full;
@@ -163,15 +174,14 @@ struct Ring {
     pdl_trigger();
   }
   // The producer: piece pc of tile `tile` of matrix (codes, pairs) with Q quads per row into group
-  // grp's ring as its k-th piece (k counts that group's pieces). The copies evict first from L2, so
+  // grp's ring at cursor k. The copies evict first from L2, so
   // that the streamed weights do not push out the activations, caches and partial sums the kernel
   // reads back (BENCHMARKS.md, fourteenth session: h's read back after ~60 MB of weights went
   // 5.1 -> 3.4 µs, a decoder layer 73 -> 61 µs).
-  __device__ void issue(int grp, uint32_t& k, const void* codes, const void* pairs, int64_t Q, int64_t tile,
+  __device__ void issue(int grp, Cursor& k, const void* codes, const void* pairs, int64_t Q, int64_t tile,
                         int64_t pc) const {
-    const int s = grp * slots + static_cast<int>(k % slots);
-    const uint32_t use = k / slots;
-    if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
+    const int s = grp * slots + k.slot;
+    if (k.lap > 0) mbar_wait(&empty[s], (k.lap - 1) & 1);
     const int64_t q0 = pc * kPieceQuads, nq = Q - q0 < kPieceQuads ? Q - q0 : kPieceQuads;
     const unsigned cb = static_cast<unsigned>(nq * 1024), pb = static_cast<unsigned>(nq * pair_quad_bytes);
     unsigned char* slot = base + int64_t{s} * slot_bytes;
@@ -181,19 +191,19 @@ struct Ring {
     const uint64_t policy = evict_first_policy();
     bulk_copy_hint(slot, c, cb, &full[s], policy);
     bulk_copy_hint(slot + kPieceQuads * 1024, pp, pb, &full[s], policy);
-    ++k;
+    k.advance(slots);
   }
 
-  // Consumer warp gw of group grp: its k-th piece (piece pc of a tile of Q quads per row) into acc
+  // Consumer warp gw of group grp: the piece at cursor k (piece pc of a tile of Q quads per row) into acc
   // (q4_quad_mma's C layout) against the token's qx in shared memory: quads q0 + gw, q0 + gw + 8, ...
   // of the piece, so that every warp of the group works on every piece.
   template <typename ST, int GS>
-  __device__ void consume(int grp, int gw, uint32_t& k, int64_t Q, int64_t pc, const uint32_t* qx_codes,
+  __device__ void consume(int grp, int gw, Cursor& k, int64_t Q, int64_t pc, const uint32_t* qx_codes,
                           const float2* qx_meta, float (&acc)[4]) const {
     constexpr int GPQ = 128 / GS, PW = q4_pair_words<ST, GS>();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int s = grp * slots + static_cast<int>(k % slots);
-    mbar_wait(&full[s], (k / slots) & 1);
+    const int s = grp * slots + k.slot;
+    mbar_wait(&full[s], k.lap & 1);
     const int64_t q0 = pc * kPieceQuads, q1 = Q < q0 + kPieceQuads ? Q : q0 + kPieceQuads;
     const auto* codes = reinterpret_cast<const uint4*>(base + int64_t{s} * slot_bytes);
     const auto* pairs = reinterpret_cast<const uint32_t*>(base + int64_t{s} * slot_bytes + kPieceQuads * 1024);
@@ -220,7 +230,7 @@ struct Ring {
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
-    ++k;
+    k.advance(slots);
   }
 };
 
