@@ -353,9 +353,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   const int ns = p.splits;
-  GridBarrier grid(barrier);  // thread 0's
   fetch_norm(d.layers[0].attn_norm);
   pdl_wait();  // x is the previous kernel's output
+  GridBarrier grid(barrier);  // thread 0's; its counter read after the kernels before this one are done
   for (int l = 0; l < d.n_layers; ++l) {
     const QDecoderLayer& L = d.layers[l];
     norm_to_qx();  // A
