@@ -35,6 +35,12 @@ constexpr int q4_pair_words() {
   return (128 / GS) * (sizeof(ST) == 4 ? 2 : 1);
 }
 
+// The A fragments of one unit (rows g, g + 8: the lane's code words lo, hi in the tiled nibble order).
+__device__ __forceinline__ void q4_unit_a(uint32_t lo, uint32_t hi, uint32_t (&a)[4]) {
+  constexpr uint32_t kLow = 0x0F0F0F0Fu;
+  a[0] = lo & kLow, a[1] = hi & kLow, a[2] = (lo >> 4) & kLow, a[3] = (hi >> 4) & kLow;
+}
+
 // One quad of a tile for one warp (lane = 4g + t): acc (C layout: rows g, g + 8 x tokens 2t, 2t + 1)
 // += the quad's 4 units. wl / wh: the lane's code words of rows g / g + 8 (the tiled uint4s h = 0, 1);
 // pl / ph: the pair words of rows g / g + 8; xv: the lane's B fragments of units 0..3 (zeros for
@@ -44,7 +50,6 @@ template <typename ST, int GS, typename Meta>
 __device__ __forceinline__ void q4_quad_mma(float (&acc)[4], const uint4& wl, const uint4& wh, const uint32_t* pl,
                                             const uint32_t* ph, const uint4 (&xv)[4], Meta dm_of, bool two) {
   constexpr int GPQ = 128 / GS, UPG = GS / 32;  // groups per quad, units per group
-  constexpr uint32_t kLow = 0x0F0F0F0Fu;
   const uint32_t lo[4] = {wl.x, wl.y, wl.z, wl.w}, hi[4] = {wh.x, wh.y, wh.z, wh.w};
 #pragma unroll
   for (int gi = 0; gi < GPQ; ++gi) {
@@ -52,9 +57,10 @@ __device__ __forceinline__ void q4_quad_mma(float (&acc)[4], const uint4& wl, co
 #pragma unroll
     for (int jj = 0; jj < UPG; ++jj) {
       const int u = gi * UPG + jj;
-      const uint32_t a0 = lo[u] & kLow, a1 = hi[u] & kLow, a2 = (lo[u] >> 4) & kLow, a3 = (hi[u] >> 4) & kLow;
-      mma_u8s8(ch, a0, a1, a2, a3, xv[u].x, xv[u].y);
-      mma_u8s8(cl, a0, a1, a2, a3, xv[u].z, xv[u].w);
+      uint32_t a[4];
+      q4_unit_a(lo[u], hi[u], a);
+      mma_u8s8(ch, a[0], a[1], a[2], a[3], xv[u].x, xv[u].y);
+      mma_u8s8(cl, a[0], a[1], a[2], a[3], xv[u].z, xv[u].w);
     }
     const float4 dm = dm_of(gi);  // (d, S) token 2t, (d, S) token 2t + 1
     const float2 sl = pair_at<ST>(pl, gi), sh = pair_at<ST>(ph, gi);
@@ -64,6 +70,34 @@ __device__ __forceinline__ void q4_quad_mma(float (&acc)[4], const uint4& wl, co
       acc[1] = fmaf(sl.x * dm.z, static_cast<float>(254 * ch[1] + cl[1]), fmaf(sl.y, dm.w, acc[1]));
       acc[3] = fmaf(sh.x * dm.z, static_cast<float>(254 * ch[3] + cl[3]), fmaf(sh.y, dm.w, acc[3]));
     }
+  }
+}
+
+// q4_quad_mma for at most 4 tokens with one MMA per unit instead of two: B column 2j holds token
+// j's hi codes and column 2j + 1 its lo codes, so lane t's C columns (2t, 2t + 1) are token t's two
+// sums (the same integers, so the same bits). acc: rows g, g + 8 of token t; xv: the lane's B
+// fragment of each unit (lanes g < 2 * tokens: words 4t + 2 (g & 1), +1 of token g / 2's unit);
+// dm_of(gi) -> (d, S) of token t.
+template <typename ST, int GS, typename Meta>
+__device__ __forceinline__ void q4_quad_mma_packed(float (&acc)[2], const uint4& wl, const uint4& wh,
+                                                   const uint32_t* pl, const uint32_t* ph, const uint2 (&xv)[4],
+                                                   Meta dm_of) {
+  constexpr int GPQ = 128 / GS, UPG = GS / 32;
+  const uint32_t lo[4] = {wl.x, wl.y, wl.z, wl.w}, hi[4] = {wh.x, wh.y, wh.z, wh.w};
+#pragma unroll
+  for (int gi = 0; gi < GPQ; ++gi) {
+    int c[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int jj = 0; jj < UPG; ++jj) {
+      const int u = gi * UPG + jj;
+      uint32_t a[4];
+      q4_unit_a(lo[u], hi[u], a);
+      mma_u8s8(c, a[0], a[1], a[2], a[3], xv[u].x, xv[u].y);
+    }
+    const float2 dm = dm_of(gi);
+    const float2 sl = pair_at<ST>(pl, gi), sh = pair_at<ST>(ph, gi);
+    acc[0] = fmaf(sl.x * dm.x, static_cast<float>(254 * c[0] + c[1]), fmaf(sl.y, dm.y, acc[0]));
+    acc[1] = fmaf(sh.x * dm.x, static_cast<float>(254 * c[2] + c[3]), fmaf(sh.y, dm.y, acc[1]));
   }
 }
 

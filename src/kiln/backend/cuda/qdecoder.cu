@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto run_jobs = [&](int t0, int t1, int Q, bool pair, auto&& store) {
     for (int t = t0; t < t1; ++t, ++j) {
       if (j % kGroups != grp) continue;
-      float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float s0[2] = {0.0f, 0.0f}, s1[2] = {0.0f, 0.0f};
       for (int pc = 0; pc < pieces(Q); ++pc) {
         ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s0);
         if (pair) ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s1);

@@ -361,7 +361,9 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 // raw codes, B = hi, then lo) give exact integer sums, and per (row, group, token) in f32:
 //   y += scale · d · (254 C_hi + C_lo) + bias · S        (C = Σ q · hi|lo over the group, S = Σ x).
 // Per 8 codes a lane unpacks its two A registers with 3 instructions (the tiled nibble order), and an
-// MMA covers 32 codes of 16 rows.
+// MMA covers 32 codes of 16 rows. For at most 4 tokens one MMA per unit does: a token's hi and lo
+// codes go to two of the 8 B columns (q4_quad_mma_packed; the same integers, so the same bits;
+// batches 1 / 2 / 4 of llama-3-8b 4-bit +2.5 / 5 / 5% on the H200, BENCHMARKS.md).
 //
 // The quantized activations ("qx", q4_qx_bytes per call): codes [n][4Q units][16 words], then per
 // pass of 8 tokens meta [G][8 tokens] (d, S) as float2, G = 128 Q / group size (units and groups
@@ -400,10 +402,11 @@ constexpr int q4_round() {
 // grid (total tiles of all matrices, passes of 8 tokens); block W * 32. A block of W warps owns one
 // tile of one matrix; warp w takes quads [w Q / W, (w + 1) Q / W). Latency: a round of R quads
 // requests all its code and pair loads (512-byte contiguous warp loads) before the first MMA. The
-// warps' partial sums meet in shared memory.
-template <typename ST, int GS, int W>
+// warps' partial sums meet in shared memory. kPacked (n <= 4): one MMA per unit, a token's hi and
+// lo codes in two B columns (q4_quad_mma_packed).
+template <typename ST, int GS, int W, bool kPacked>
 __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* __restrict__ qx,
-                                                                   const float4* __restrict__ meta, int64_t n,
+                                                                   const float2* __restrict__ meta, int64_t n,
                                                                    QMulti m) {
   constexpr int R = q4_round<ST, GS>();
   constexpr int GPQ = 128 / GS, PW = q4_pair_words<ST, GS>();  // groups per quad, pair words per row and quad
@@ -422,7 +425,10 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* 
   const uint32_t* pairs = static_cast<const uint32_t*>(q.pairs) + (tile * Q * 16 + g) * PW;
   const int64_t q_begin = warp * Q / W, q_end = (warp + 1) * Q / W;
   const uint4* xq = qx + (t0 + g) * Q * 16 + t;           // B column g: token g (zeros past nt)
-  const float4* mt = meta + blockIdx.y * G * 4 + t;       // (d, S) of tokens 2t, 2t + 1 per group
+  const float4* mt = reinterpret_cast<const float4*>(meta) + blockIdx.y * G * 4 + t;  // (d, S) of tokens 2t, 2t + 1
+  // kPacked: B column g: token g / 2's hi (g even) or lo codes; (d, S) of token t.
+  const uint2* xp = reinterpret_cast<const uint2*>(qx) + (t0 + g / 2) * Q * 32 + 2 * t + (g & 1);
+  const float2* mp = meta + blockIdx.y * G * 8 + t;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // C layout: rows g, g + 8 x tokens 2t, 2t + 1
   for (int64_t q0 = q_begin; q0 < q_end; q0 += R) {
@@ -441,19 +447,31 @@ __global__ void __launch_bounds__(W * 32, 16 / W) qgemv4_tc_kernel(const uint4* 
     for (int k = 0; k < R; ++k) {
       const int64_t qd = q0 + k;
       if (qd >= q_end) break;
-      uint4 xv[4];
+      if constexpr (kPacked) {
+        uint2 xv[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) xv[u] = g < nt ? __ldg(xq + (4 * qd + u) * 4) : make_uint4(0u, 0u, 0u, 0u);
-      q4_quad_mma<ST, GS>(acc, wl[k], wh[k], pl[k], ph[k], xv, [&](int gi) { return __ldg(mt + (qd * GPQ + gi) * 4); },
-                          nt > 1);
+        for (int u = 0; u < 4; ++u) xv[u] = g < 2 * nt ? __ldg(xp + (4 * qd + u) * 8) : make_uint2(0u, 0u);
+        float a2[2] = {acc[0], acc[2]};
+        q4_quad_mma_packed<ST, GS>(a2, wl[k], wh[k], pl[k], ph[k], xv,
+                                   [&](int gi) { return __ldg(mp + (qd * GPQ + gi) * 8); });
+        acc[0] = a2[0], acc[2] = a2[1];
+      } else {
+        uint4 xv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) xv[u] = g < nt ? __ldg(xq + (4 * qd + u) * 4) : make_uint4(0u, 0u, 0u, 0u);
+        q4_quad_mma<ST, GS>(acc, wl[k], wh[k], pl[k], ph[k], xv,
+                            [&](int gi) { return __ldg(mt + (qd * GPQ + gi) * 4); }, nt > 1);
+      }
     }
   }
   KILN_STAMP(2);  // a probe build's stamp: warp 0 done with its K range
   pdl_wait();  // before any store (warps without a K range have not waited yet)
-  red[warp][g][2 * t] = acc[0];
-  red[warp][g][2 * t + 1] = acc[1];
-  red[warp][g + 8][2 * t] = acc[2];
-  red[warp][g + 8][2 * t + 1] = acc[3];
+  if constexpr (kPacked) {  // token t in lane t's acc[0] (row g), acc[2] (row g + 8)
+    red[warp][g][t] = acc[0], red[warp][g + 8][t] = acc[2];
+  } else {
+    red[warp][g][2 * t] = acc[0], red[warp][g][2 * t + 1] = acc[1];
+    red[warp][g + 8][2 * t] = acc[2], red[warp][g + 8][2 * t + 1] = acc[3];
+  }
   __syncthreads();
   if (threadIdx.x < 128) {
     const int r = threadIdx.x >> 3, tok = threadIdx.x & 7;
@@ -545,10 +563,11 @@ void launch_qgemv_multi(const void* x, int64_t n, const QMulti& m, int n_sms, vo
   const bool wide = q4_gemv_warps(m.tiles[m.count], n_sms) == 8;
   const dim3 grid(static_cast<unsigned>(m.tiles[m.count]), static_cast<unsigned>(L.n_pad / 8));
   const auto* qc = static_cast<const uint4*>(qx);
-  const auto* qm = reinterpret_cast<const float4*>(meta);
+  const float2* qm = meta;
   dispatch_q4(m.w[0].sdt, gs, [&]<typename ST, int GS>() {
-    if (wide) launch_pdl(qgemv4_tc_kernel<ST, GS, 8>, grid, 8 * 32, 0, s, qc, qm, n, m);
-    else launch_pdl(qgemv4_tc_kernel<ST, GS, 4>, grid, 4 * 32, 0, s, qc, qm, n, m);
+    auto run = [&]<int W, bool kPacked>() { launch_pdl(qgemv4_tc_kernel<ST, GS, W, kPacked>, grid, W * 32, 0, s, qc, qm, n, m); };
+    if (n <= 4) wide ? run.template operator()<8, true>() : run.template operator()<4, true>();
+    else wide ? run.template operator()<8, false>() : run.template operator()<4, false>();
   });
   KILN_CUDA_LAUNCH_CHECK("qgemv4_tc");
 }

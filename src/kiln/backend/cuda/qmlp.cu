@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   for (int64_t tile = gu0; tile < gu1; ++tile, ++j) {
     if (j % kGroups != grp) continue;
-    float ag[4] = {0.0f, 0.0f, 0.0f, 0.0f}, au[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float ag[2] = {0.0f, 0.0f}, au[2] = {0.0f, 0.0f};
     for (int64_t pc = 0; pc < pin; ++pc)
       ring.consume<ST, GS>(grp, gw, k, p.qd, pc, qx_codes, qx_meta, ag),
           ring.consume<ST, GS>(grp, gw, k, p.qd, pc, qx_codes, qx_meta, au);
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   consumers_sync();
   for (int64_t tile = dn0; tile < dn1; ++tile, ++j) {
     if (j % kGroups != grp) continue;
-    float ad[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float ad[2] = {0.0f, 0.0f};
     for (int64_t pc = 0; pc < pff; ++pc) ring.consume<ST, GS>(grp, gw, k, p.qf, pc, qx_codes, qx_meta, ad);
     float(*rd)[kGroupWarps][16] = red[grp][jg++ & 1];
     put_partials(rd, gw, 0, ad);

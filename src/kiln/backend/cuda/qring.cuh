@@ -195,11 +195,12 @@ struct Ring {
   }
 
   // Consumer warp gw of group grp: the piece at cursor k (piece pc of a tile of Q quads per row) into acc
-  // (q4_quad_mma's C layout) against the token's qx in shared memory: quads q0 + gw, q0 + gw + 8, ...
-  // of the piece, so that every warp of the group works on every piece.
+  // (q4_quad_mma_packed's layout; rows g, g + 8 in lanes t = 0) against the token's qx in shared
+  // memory: quads q0 + gw, q0 + gw + 8, ... of the piece, so that every warp of the group works on
+  // every piece.
   template <typename ST, int GS>
   __device__ void consume(int grp, int gw, Cursor& k, int64_t Q, int64_t pc, const uint32_t* qx_codes,
-                          const float2* qx_meta, float (&acc)[4]) const {
+                          const float2* qx_meta, float (&acc)[2]) const {
     constexpr int GPQ = 128 / GS, PW = q4_pair_words<ST, GS>();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int s = grp * slots + k.slot;
@@ -207,7 +208,7 @@ struct Ring {
     const int64_t q0 = pc * kPieceQuads, q1 = Q < q0 + kPieceQuads ? Q : q0 + kPieceQuads;
     const auto* codes = reinterpret_cast<const uint4*>(base + int64_t{s} * slot_bytes);
     const auto* pairs = reinterpret_cast<const uint32_t*>(base + int64_t{s} * slot_bytes + kPieceQuads * 1024);
-    const auto* xq = reinterpret_cast<const uint4*>(qx_codes) + q0 * 16 + t;
+    const auto* xq = reinterpret_cast<const uint2*>(qx_codes) + q0 * 32 + 2 * t + (g & 1);  // B columns hi, lo
     const float2* mq = qx_meta + q0 * GPQ;
     const int hi = static_cast<int>(q1 - q0);
 #pragma unroll 1
@@ -217,16 +218,10 @@ struct Ring {
       uint32_t pl[PW], ph[PW];
 #pragma unroll
       for (int x = 0; x < PW; ++x) pl[x] = pp[g * PW + x], ph[x] = pp[(8 + g) * PW + x];
-      uint4 xv[4];
+      uint2 xv[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) xv[u] = g == 0 ? xq[(4 * i + u) * 4] : make_uint4(0u, 0u, 0u, 0u);
-      q4_quad_mma<ST, GS>(
-          acc, c[lane], c[32 + lane], pl, ph, xv,
-          [&](int gi) {
-            const float2 d = mq[i * GPQ + gi];
-            return make_float4(d.x, d.y, 0.0f, 0.0f);
-          },
-          false);
+      for (int u = 0; u < 4; ++u) xv[u] = g < 2 ? xq[(4 * i + u) * 8] : make_uint2(0u, 0u);
+      q4_quad_mma_packed<ST, GS>(acc, c[lane], c[32 + lane], pl, ph, xv, [&](int gi) { return mq[i * GPQ + gi]; });
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
@@ -250,9 +245,9 @@ __device__ __forceinline__ auto partials_at(unsigned char* smem) {
 // group's warps of row gt's partials, in warp order (the same bits on every run). red: this job's
 // [2][kGroupWarps][16] partial buffer (alternate two per group so that the next job's writes
 // cannot race this one's reads). m: which of the two matrices' partials.
-__device__ __forceinline__ void put_partials(float (*rd)[kGroupWarps][16], int gw, int m, const float (&acc)[4]) {
+__device__ __forceinline__ void put_partials(float (*rd)[kGroupWarps][16], int gw, int m, const float (&acc)[2]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  if (t == 0) rd[m][gw][g] = acc[0], rd[m][gw][g + 8] = acc[2];
+  if (t == 0) rd[m][gw][g] = acc[0], rd[m][gw][g + 8] = acc[1];
 }
 __device__ __forceinline__ float sum_partials(float (*rd)[kGroupWarps][16], int m, int gt) {
   float v = 0.0f;
