@@ -196,32 +196,33 @@ struct Ring {
 
   // Consumer warp gw of group grp: the piece at cursor k (piece pc of a tile of Q quads per row) into acc
   // (q4_quad_mma_packed's layout; rows g, g + 8 in lanes t = 0) against the token's qx in shared
-  // memory: quads q0 + gw, q0 + gw + 8, ... of the piece, so that every warp of the group works on
-  // every piece.
+  // memory: quads gw, gw + 8, ... of the piece, so that every warp of the group works on every piece.
+  // Every lane loads a B fragment (lanes g >= 2 the same words as g & 1: their C columns 2..7 land in
+  // lanes t > 0, which nobody reads), so the loop has no predicated loads and no zero moves.
   template <typename ST, int GS>
-  __device__ void consume(int grp, int gw, Cursor& k, int64_t Q, int64_t pc, const uint32_t* qx_codes,
+  __device__ void consume(int grp, int gw, Cursor& k, int Q, int pc, const uint32_t* qx_codes,
                           const float2* qx_meta, float (&acc)[2]) const {
     constexpr int GPQ = 128 / GS, PW = q4_pair_words<ST, GS>();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int s = grp * slots + k.slot;
     mbar_wait(&full[s], k.lap & 1);
-    const int64_t q0 = pc * kPieceQuads, q1 = Q < q0 + kPieceQuads ? Q : q0 + kPieceQuads;
-    const auto* codes = reinterpret_cast<const uint4*>(base + int64_t{s} * slot_bytes);
-    const auto* pairs = reinterpret_cast<const uint32_t*>(base + int64_t{s} * slot_bytes + kPieceQuads * 1024);
-    const auto* xq = reinterpret_cast<const uint2*>(qx_codes) + q0 * 32 + 2 * t + (g & 1);  // B columns hi, lo
-    const float2* mq = qx_meta + q0 * GPQ;
-    const int hi = static_cast<int>(q1 - q0);
+    const int q0 = pc * kPieceQuads, n = Q - q0 < kPieceQuads ? Q - q0 : kPieceQuads;
+    const unsigned char* slot = base + s * slot_bytes;
+    // Quad gw's words; a step of kGroupWarps quads after each.
+    const uint4* c = reinterpret_cast<const uint4*>(slot) + gw * 64 + lane;
+    const uint32_t* pp = reinterpret_cast<const uint32_t*>(slot + kPieceQuads * 1024) + (gw * 16 + g) * PW;
+    const uint2* xq = reinterpret_cast<const uint2*>(qx_codes) + (q0 + gw) * 32 + 2 * t + (g & 1);  // B: hi, lo
+    const float2* mq = qx_meta + (q0 + gw) * GPQ;
 #pragma unroll 1
-    for (int i = gw; i < hi; i += kGroupWarps) {
-      const uint4* c = codes + i * 64;
-      const uint32_t* pp = pairs + i * 16 * PW;
+    for (int i = gw; i < n; i += kGroupWarps) {
       uint32_t pl[PW], ph[PW];
 #pragma unroll
-      for (int x = 0; x < PW; ++x) pl[x] = pp[g * PW + x], ph[x] = pp[(8 + g) * PW + x];
+      for (int x = 0; x < PW; ++x) pl[x] = pp[x], ph[x] = pp[8 * PW + x];
       uint2 xv[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) xv[u] = g < 2 ? xq[(4 * i + u) * 8] : make_uint2(0u, 0u);
-      q4_quad_mma_packed<ST, GS>(acc, c[lane], c[32 + lane], pl, ph, xv, [&](int gi) { return mq[i * GPQ + gi]; });
+      for (int u = 0; u < 4; ++u) xv[u] = xq[u * 8];
+      q4_quad_mma_packed<ST, GS>(acc, c[0], c[32], pl, ph, xv, [&](int gi) { return mq[gi]; });
+      c += kGroupWarps * 64, pp += kGroupWarps * 16 * PW, xq += kGroupWarps * 32, mq += kGroupWarps * GPQ;
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
