@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
 
   const int64_t dim = 4096;
   std::vector<cpu::SimdLevel> levels;
-  for (auto l : {cpu::SimdLevel::scalar, cpu::SimdLevel::avx2, cpu::SimdLevel::avx512})
+  for (auto l : {cpu::SimdLevel::scalar, cpu::SimdLevel::avx2, cpu::SimdLevel::avx512, cpu::SimdLevel::avx512vnni})
     if (static_cast<int>(l) <= static_cast<int>(cpu::best_simd_level())) levels.push_back(l);
 
   // Cold weights: enough distinct 4096x4096 bf16 matrices to fill 1 GiB, cycled.

@@ -85,7 +85,7 @@ inline void fill_nan(Tensor& t) {
 
 inline std::vector<SimdLevel> available_levels() {
   std::vector<SimdLevel> r;
-  for (SimdLevel l : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512})
+  for (SimdLevel l : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::avx512vnni})
     if (static_cast<int>(l) <= static_cast<int>(best_simd_level())) r.push_back(l);
   return r;
 }

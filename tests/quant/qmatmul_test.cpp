@@ -1,5 +1,5 @@
 // The CPU backend's quantized kernels against the reference: for every SIMD level this machine has
-// (KILN_SIMD=scalar|avx2|avx512 as levels), every bit width and group size, fresh random inputs and
+// (KILN_SIMD=scalar|avx2|avx512|avx512vnni as levels), every bit width and group size, fresh random inputs and
 // weights quantized by quant::quantize: matmul (decode GEMV sizes and prefill GEMM sizes) equals
 // the f32 matmul with the dequantized weight, and the quantized embedding gathers dequantized rows.
 #include <gtest/gtest.h>

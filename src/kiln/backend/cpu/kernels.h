@@ -1,6 +1,7 @@
 // The CPU backend's inner kernels as a table of function pointers, one table per SIMD level
-// (scalar, AVX2+FMA+F16C, AVX-512). Each level lives in its own translation unit compiled with its
-// own -m flags; the backend picks a table once at creation (__builtin_cpu_supports, KILN_SIMD).
+// (scalar, AVX2+FMA+F16C, AVX-512, AVX-512 with VNNI: the AVX-512 table with an integer 4-bit GEMV).
+// Each level lives in its own translation unit compiled with its own -m flags; the backend picks a
+// table once at creation (__builtin_cpu_supports, KILN_SIMD).
 #pragma once
 #include <cstdint>
 
@@ -8,7 +9,7 @@
 
 namespace kiln::backend::cpu {
 
-enum class SimdLevel { scalar = 0, avx2 = 1, avx512 = 2 };
+enum class SimdLevel { scalar = 0, avx2 = 1, avx512 = 2, avx512vnni = 3 };
 const char* simd_level_name(SimdLevel l);
 
 // A packed affine-quantized matrix in MLX's layout (docs/quantization.md): row r's `in` codes are
@@ -78,12 +79,13 @@ struct Kernels {
 const Kernels* kernels_scalar();
 const Kernels* kernels_avx2();
 const Kernels* kernels_avx512();
+const Kernels* kernels_avx512vnni();
 
 // The best level this CPU (and this build) supports.
 SimdLevel best_simd_level();
 // The table for a level; throws [cpu] when the CPU or the build lacks it.
 const Kernels& kernels_for(SimdLevel l);
-// Reads KILN_SIMD (scalar|avx2|avx512; unset = best); throws [cpu] for an unknown or unsupported value.
+// Reads KILN_SIMD (scalar|avx2|avx512|avx512vnni; unset = best); throws [cpu] for an unknown or unsupported value.
 SimdLevel simd_level_from_env();
 
 }  // namespace kiln::backend::cpu

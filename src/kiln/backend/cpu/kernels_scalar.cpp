@@ -160,6 +160,8 @@ bool cpu_has(SimdLevel l) {
     case SimdLevel::avx512:
       return kernels_avx512() && cpu_has(SimdLevel::avx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    case SimdLevel::avx512vnni:
+      return kernels_avx512vnni() && cpu_has(SimdLevel::avx512) && __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
@@ -171,6 +173,7 @@ const char* simd_level_name(SimdLevel l) {
     case SimdLevel::scalar: return "scalar";
     case SimdLevel::avx2: return "avx2";
     case SimdLevel::avx512: return "avx512";
+    case SimdLevel::avx512vnni: return "avx512vnni";
   }
   return "?";
 }
@@ -183,8 +186,12 @@ const Kernels* kernels_avx2() { return nullptr; }
 #ifndef KILN_CPU_AVX512
 const Kernels* kernels_avx512() { return nullptr; }
 #endif
+#ifndef KILN_CPU_AVX512VNNI
+const Kernels* kernels_avx512vnni() { return nullptr; }
+#endif
 
 SimdLevel best_simd_level() {
+  if (cpu_has(SimdLevel::avx512vnni)) return SimdLevel::avx512vnni;
   if (cpu_has(SimdLevel::avx512)) return SimdLevel::avx512;
   if (cpu_has(SimdLevel::avx2)) return SimdLevel::avx2;
   return SimdLevel::scalar;
@@ -195,6 +202,7 @@ const Kernels& kernels_for(SimdLevel l) {
     fail("cpu", "SIMD level {} is not available on this CPU or in this build (best: {})", simd_level_name(l),
          simd_level_name(best_simd_level()));
   switch (l) {
+    case SimdLevel::avx512vnni: return *kernels_avx512vnni();
     case SimdLevel::avx512: return *kernels_avx512();
     case SimdLevel::avx2: return *kernels_avx2();
     default: return kScalar;
@@ -206,14 +214,14 @@ SimdLevel simd_level_from_env() {
   if (!e || !*e) return best_simd_level();
   std::string v = e;
   if (v == "scalar") return SimdLevel::scalar;
-  if (v == "avx2" || v == "avx512") {
-    SimdLevel l = v == "avx2" ? SimdLevel::avx2 : SimdLevel::avx512;
+  if (v == "avx2" || v == "avx512" || v == "avx512vnni") {
+    SimdLevel l = v == "avx2" ? SimdLevel::avx2 : v == "avx512" ? SimdLevel::avx512 : SimdLevel::avx512vnni;
     if (!cpu_has(l))
       fail("cpu", "KILN_SIMD={} but this CPU or build lacks it (best here: {}); unset KILN_SIMD", v,
            simd_level_name(best_simd_level()));
     return l;
   }
-  fail("cpu", "KILN_SIMD=\"{}\" is not one of scalar, avx2, avx512", v);
+  fail("cpu", "KILN_SIMD=\"{}\" is not one of scalar, avx2, avx512, avx512vnni", v);
 }
 
 }  // namespace kiln::backend::cpu
