@@ -52,9 +52,10 @@ TEST_P(QuantOps, MatmulMatchesDequantizedMatmul) {
   const int groups[] = {32, 64, 128};
   for (int bits : bits_list)
     for (int gs : groups)
-      // n: one decode token, a small decode batch (5: a 4 + 1 token split), and prefill sizes
-      // (GEMM path, kGemmMinTokens = 12). out 37: not a multiple of any tile; in spans 2+ k-blocks.
-      for (int64_t n : {1, 5, 13}) {
+      // n: one decode token, small decode batches (passes of up to 4 tokens: 2, 3, 4 + 1, 4 + 3),
+      // and prefill sizes (GEMM path, kGemmMinTokens = 12). out 37: not a multiple of any tile; in
+      // spans 2+ k-blocks.
+      for (int64_t n : {1, 2, 3, 5, 7, 13}) {
         const int64_t out = 37, in = gs == 128 ? 640 : 2 * 256 + 2 * gs;
         const DType sdt = bits % 2 ? DType::bf16 : DType::f32;  // scales in bf16 or f32
         Tensor wf = rng.tensor(DType::f32, {out, in}, 0.1f);
