@@ -1,5 +1,5 @@
 // The CPU backend's inner kernels as a table of function pointers, one table per SIMD level
-// (scalar, AVX2+FMA+F16C, AVX-512, AVX-512 with VNNI: the AVX-512 table with an integer 4-bit GEMV).
+// (scalar, AVX2+FMA+F16C, AVX-512, AVX-512 with VNNI: the AVX-512 table with integer quantized GEMVs).
 // Each level lives in its own translation unit compiled with its own -m flags; the backend picks a
 // table once at creation (__builtin_cpu_supports, KILN_SIMD).
 #pragma once

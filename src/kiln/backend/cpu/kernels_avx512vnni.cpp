@@ -1,198 +1,32 @@
-// AVX-512 VNNI: the AVX-512 table with 4- and 8-bit GEMVs on integer dot products (VPDPBUSD: 4 u8
-// codes x 4 s8 activations summed into each s32 lane), compiled with the AVX-512 flags plus
-// -mavx512vnni and selected at run time only when the CPU reports avx512_vnni. The float GEMV
-// converts every code to f32 (two FMAs per 16 codes and token); here a 64-byte block of a row is one
-// load and, at 4 bits, three logic ops, then three dot-product instructions per token and byte of
-// each code (128 codes: six, 64 8-bit codes: three).
-//
-// The activations are quantized per group to 23 bits, so that the result differs from the float
-// GEMV's by f32 rounding only: v = rint(x / d) with d = max|x| / (127 * 254 * 254) (|v| < 2^23, the
-// error at most d / 2), split exactly into three signed digits v = 254² a + 254 b + c, each in
-// [-127, 127]. Per (row, group, token):
-//   y += scale · d · (254² C_a + 254 C_b + C_c) + bias · S     (C = Σ q · a|b|c over the group, S = Σ x).
-// A byte of a row holds P = 8 / BITS codes: byte i of a 4-bit row codes 2i (low nibble) and 2i + 1
-// (high nibble). So a block's codes fall into P "phases" (its 64 low nibbles, its 64 high ones), each
-// against its own copy of x (x[P i + j] at byte i of phase j); dword lane L of a block's sums covers
-// codes 4PL..4PL+4P-1 of the block's 64P, which are in one group (group sizes 32/64/128).
+// AVX-512 VNNI: the AVX-512 table with the integer-dot-product GEMVs of kernels_vnni.h for 4 and
+// 8 bits (2, 3, 5, 6 bits through kernels_avx512vbmi.cpp where the CPU has AVX-512 VBMI), compiled
+// with the AVX-512 flags plus -mavx512vnni and selected at run time only when the CPU reports
+// avx512_vnni.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-
-#include <vector>
-
-#include "kiln/backend/cpu/kernels.h"
+#include "kiln/backend/cpu/kernels_vnni.h"
 
 namespace kiln::backend::cpu {
 namespace {
 
-constexpr int kDigits = 3;                          // a, b, c
-constexpr float kRange = 127.0f * 254.0f * 254.0f;  // max |v|
-constexpr int64_t kBlockBytes = 64;                 // packed bytes per block
-
-template <int BITS>
-struct Packing {
-  static constexpr int P = 8 / BITS;                            // codes per byte: the phases
-  static constexpr int64_t kCodes = kBlockBytes * P;            // codes per block
-  static constexpr int64_t kQx = kDigits * P * kBlockBytes;     // x per block and token: [digit][phase][64]
-};
-
-// n values of a scale/bias row (f32, bf16 or f16) from element i0 of p, as f32 into dst.
-void row_to_f32(const void* p, DType t, int64_t i0, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
-    __m512 v;
-    if (t == DType::f32) {
-      v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i0 + i);
-    } else {
-      const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i0 + i);
-      v = t == DType::bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
-    }
-    _mm512_mask_storeu_ps(dst + i, m, v);
-  }
-}
-
-// 16 values v (rint(x / d) as floats, |v| <= kRange) as their three digits, 16 int8 each, at dst +
-// k * stride. Each digit is rint(rest / 254^k), so a rounding flip at a half only moves the rest to
-// the other end of its range.
-inline void store_digits(__m512 v, int8_t* dst, int64_t stride) {
-  const __m512i lim = _mm512_set1_epi32(127), neg = _mm512_set1_epi32(-127);
-  __m512 rest = v;
-  for (int k = 0; k < kDigits; ++k) {
-    const float unit = k == 0 ? 254.0f * 254.0f : k == 1 ? 254.0f : 1.0f;
-    const __m512i q = _mm512_cvtps_epi32(k == 2 ? rest : _mm512_mul_ps(rest, _mm512_set1_ps(1.0f / unit)));
-    const __m512i digit = _mm512_max_epi32(_mm512_min_epi32(q, lim), neg);
-    rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(digit), _mm512_set1_ps(unit), rest);  // exact: |values| < 2^24
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k * stride), _mm512_cvtepi32_epi8(digit));
-  }
-}
-
-// Token x [in] (in a multiple of group_size 32/64/128) into blocks of Packing::kQx bytes (zeros
-// past in) and d [n_groups].
-template <int BITS>
-void quantize_x(const float* x, int64_t in, int gs, int8_t* qx, float* d) {
-  using K = Packing<BITS>;
-  const int64_t n_groups = in / gs;
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  for (int64_t g = 0; g < n_groups; ++g) {
-    __m512 m = _mm512_setzero_ps();
-    for (int k = 0; k < gs; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + g * gs + k)));
-    const float amax = _mm512_reduce_max_ps(m);
-    d[g] = amax / kRange;
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? kRange / amax : 0.0f), lim = _mm512_set1_ps(kRange);
-    auto scaled = [&](__m512 xv) {  // rint(x / d), clamped (x * inv may round past the range)
-      const __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(xv, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      return _mm512_max_ps(_mm512_min_ps(v, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
-    };
-    for (int k = 0; k < gs; k += 16 * K::P) {  // the codes of 16 bytes
-      const int64_t c = g * gs + k;
-      int8_t* blk = qx + (c / K::kCodes) * K::kQx + (c / K::P) % kBlockBytes;
-      if constexpr (K::P == 1) {
-        store_digits(scaled(_mm512_loadu_ps(x + c)), blk, kBlockBytes);
-      } else {  // phase 0: the even codes, phase 1: the odd ones
-        const __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + c + 16);
-        store_digits(scaled(_mm512_permutex2var_ps(a, even, b)), blk, 2 * kBlockBytes);
-        store_digits(scaled(_mm512_permutex2var_ps(a, odd, b)), blk + kBlockBytes, 2 * kBlockBytes);
-      }
-    }
-  }
-}
-
-// Rows [r0, r1) against NT tokens: qx [NT][blocks * kQx], d [NT][n_groups].
-template <int BITS, int NT>
-void qgemv_rows(const int8_t* qx, int64_t qx_stride, const float* d, const float* xsum, const QMatrix& w,
-                int64_t r0, int64_t r1, float* y, int64_t y_stride, std::vector<float>& sb) {
-  using K = Packing<BITS>;
-  const int gs = w.group_size;
-  const int64_t n_groups = w.n_groups(), bytes = w.in * BITS / 8, blocks = (bytes + kBlockBytes - 1) / kBlockBytes;
-  const int64_t gpb = K::kCodes >= gs ? K::kCodes / gs : 1;  // groups a block touches
-  // Lane L's group within its block: 4 P L / gs (lanes per group: a power of two).
-  const int lanes_per_group = gs / (4 * K::P);
-  const __m512i lane_group = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               __builtin_ctz(static_cast<unsigned>(lanes_per_group)));
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  const __m512 k254 = _mm512_set1_ps(254.0f), k254sq = _mm512_set1_ps(254.0f * 254.0f);
-  sb.resize(2 * n_groups);
-  float* s = sb.data();
-  float* bias = s + n_groups;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* p = w.w + r * w.row_bytes;
-    row_to_f32(w.scales, w.sdt, r * n_groups, n_groups, s);
-    row_to_f32(w.biases, w.sdt, r * n_groups, n_groups, bias);
-    __m512 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t left = bytes - b * kBlockBytes;
-      const __m512i v = left >= kBlockBytes ? _mm512_loadu_si512(p + b * kBlockBytes)
-                                            : _mm512_maskz_loadu_epi8((__mmask64{1} << left) - 1, p + b * kBlockBytes);
-      __m512i ph[K::P];  // the block's codes by phase, one per byte
-      if constexpr (K::P == 1) {
-        ph[0] = v;
-      } else {
-        ph[0] = _mm512_and_si512(v, low), ph[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      }
-      const int64_t g0 = b * K::kCodes / gs, ng = n_groups - g0 < gpb ? n_groups - g0 : gpb;
-      const __mmask16 gm = static_cast<__mmask16>((1u << ng) - 1);
-      const __m512 sv = _mm512_permutexvar_ps(lane_group, _mm512_maskz_loadu_ps(gm, s + g0));
-      for (int t = 0; t < NT; ++t) {
-        const int8_t* xb = qx + t * qx_stride + b * K::kQx;
-        __m512 cd[kDigits];  // Σ q · digit per lane (exact: |C| < 2^24)
-        for (int k = 0; k < kDigits; ++k) {
-          __m512i e = _mm512_setzero_si512();
-          for (int j = 0; j < K::P; ++j)
-            e = _mm512_dpbusd_epi32(e, ph[j], _mm512_loadu_si512(xb + (k * K::P + j) * kBlockBytes));
-          cd[k] = _mm512_cvtepi32_ps(e);
-        }
-        const __m512 c = _mm512_fmadd_ps(cd[0], k254sq, _mm512_fmadd_ps(cd[1], k254, cd[2]));
-        const __m512 dv = _mm512_permutexvar_ps(lane_group, _mm512_maskz_loadu_ps(gm, d + t * n_groups + g0));
-        acc[t] = _mm512_fmadd_ps(c, _mm512_mul_ps(sv, dv), acc[t]);
-      }
-    }
-    for (int64_t g = 0; g < n_groups; g += 16) {  // the bias terms, bias · Σx per group
-      const __mmask16 m = static_cast<__mmask16>(n_groups - g >= 16 ? 0xFFFF : (1u << (n_groups - g)) - 1);
-      const __m512 bv = _mm512_maskz_loadu_ps(m, bias + g);
-      for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(m, xsum + t * n_groups + g), acc[t]);
-    }
-    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[t]);
-  }
-}
-
-template <int BITS>
-void qgemv_bits(const float* x, int64_t n_x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0,
-                int64_t r1, float* y, int64_t y_stride) {
-  using K = Packing<BITS>;
-  const int64_t n_groups = w.n_groups(), blocks = (w.in * BITS / 8 + kBlockBytes - 1) / kBlockBytes;
-  const int64_t qx_stride = blocks * K::kQx;
-  thread_local std::vector<int8_t> qx;
-  thread_local std::vector<float> d, sb;
-  qx.assign(static_cast<size_t>(n_x * qx_stride), 0);
-  d.resize(static_cast<size_t>(n_x * n_groups));
-  for (int64_t t = 0; t < n_x; ++t)
-    quantize_x<BITS>(x + t * x_stride, w.in, w.group_size, qx.data() + t * qx_stride, d.data() + t * n_groups);
-  for (int64_t t0 = 0; t0 < n_x; t0 += 4) {
-    const int8_t* q = qx.data() + t0 * qx_stride;
-    const float* dt = d.data() + t0 * n_groups;
-    const float* st = xsum + t0 * n_groups;
-    float* yt = y + t0 * y_stride;
-    switch (n_x - t0 < 4 ? n_x - t0 : 4) {
-      case 1: qgemv_rows<BITS, 1>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); break;
-      case 2: qgemv_rows<BITS, 2>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); break;
-      case 3: qgemv_rows<BITS, 3>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); break;
-      default: qgemv_rows<BITS, 4>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); break;
-    }
-  }
-}
-
 void qgemv_vnni(const float* x, int64_t n_x, int64_t x_stride, const float* xsum, const QMatrix& w, int64_t r0,
                 int64_t r1, float* y, int64_t y_stride) {
   const int gs = w.group_size;
-  const bool group_ok = gs == 32 || gs == 64 || gs == 128;
-  if (group_ok && w.bits == 4) return qgemv_bits<4>(x, n_x, x_stride, xsum, w, r0, r1, y, y_stride);
-  if (group_ok && w.bits == 8) return qgemv_bits<8>(x, n_x, x_stride, xsum, w, r0, r1, y, y_stride);
-  kernels_avx512()->qgemv(x, n_x, x_stride, xsum, w, r0, r1, y, y_stride);  // codes that straddle bytes
+  if (gs == 32 || gs == 64 || gs == 128) {
+    if (w.bits == 4) return qgemv_bits<4>(x, n_x, x_stride, xsum, w, r0, r1, y, y_stride);
+    if (w.bits == 8) return qgemv_bits<8>(x, n_x, x_stride, xsum, w, r0, r1, y, y_stride);
+    if (qgemv_vbmi(x, n_x, x_stride, xsum, w, r0, r1, y, y_stride)) return;
+  }
+  kernels_avx512()->qgemv(x, n_x, x_stride, xsum, w, r0, r1, y, y_stride);
 }
 
 }  // namespace
+
+#ifndef KILN_CPU_AVX512VBMI
+bool qgemv_vbmi(const float*, int64_t, int64_t, const float*, const QMatrix&, int64_t, int64_t, float*, int64_t) {
+  return false;
+}
+#endif
 
 const Kernels* kernels_avx512vnni() {
   static const Kernels k = [] {
