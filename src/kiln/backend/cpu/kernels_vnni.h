@@ -49,7 +49,7 @@ struct Packing {
   static constexpr int64_t kQx = kDigits * P * kLane;       // x per block and token: [digit][phase][64]
 };
 
-// The codes of block b of a row (bytes left from its start to the row's end) by phase, a byte each
+// The codes of the block at p (left: bytes from p to the row's end) by phase, a byte each
 // (zeros past the row: masked loads never touch memory past it).
 template <int BITS>
 inline void block_codes(const uint8_t* p, int64_t left, __m512i (&ph)[Packing<BITS>::P]) {
