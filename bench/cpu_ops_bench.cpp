@@ -2,6 +2,7 @@
 // buffer on all pool threads, best of several) and the decode GEMV rate for a 4096x4096 bf16 weight
 // (GB/s of weight streamed: hot = one weight re-read from cache, cold = cycling 1 GiB of weights so
 // each call reads DRAM), plus prefill GEMM GFLOP/s and decode attention, at each SIMD level.
+// Quantized decode GEMVs (2-8 bits, group 64, bf16 scales; cold) report GB/s of packed weight.
 // Usage: cpu_ops_bench [--quick | --bandwidth]   (--bandwidth: only the memory figure)   (KILN_THREADS sets the pool size).
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kiln/backend/cpu/cpu_backend.h"
+#include "kiln/quant/affine.h"
 
 using namespace kiln;
 using namespace kiln::backend;
@@ -88,6 +90,18 @@ int main(int argc, char** argv) {
   for (auto& w : cold) w.w = filled(DType::bf16, {dim, dim}, pool);
   const double w_bytes = static_cast<double>(cold[0].w.nbytes());
 
+  // Quantized cold weights: enough distinct 4096x4096 matrices per width to leave the caches.
+  const std::vector<int> q_bits = {3, 4, 6, 8};
+  std::vector<std::vector<Weight>> qcold;
+  for (int bits : q_bits) {
+    qcold.emplace_back(quick ? 4 : 12);
+    for (size_t i = 0; i < qcold.back().size(); ++i) {
+      const quant::QuantizedMatrix q = quant::quantize(cold[i % cold.size()].w, bits, 64, DType::bf16);
+      Weight& w = qcold.back()[i];
+      w.w = q.weight, w.scales = q.scales, w.biases = q.biases, w.bits = bits, w.group_size = 64;
+    }
+  }
+
   for (cpu::SimdLevel level : levels) {
     auto be = cpu::make_cpu_backend_at(level);
     std::printf("-- %s\n", cpu::simd_level_name(level));
@@ -108,6 +122,15 @@ int main(int argc, char** argv) {
     }) / n_cold;
     std::printf("gemv 4096x4096 bfloat16 cold: %7.3f ms  %6.1f GB/s of weight (%d distinct weights)\n", tc * 1e3,
                 w_bytes / tc / 1e9, n_cold);
+    for (size_t bi = 0; bi < q_bits.size(); ++bi) {
+      const auto& ws = qcold[bi];
+      double tq = best_of(quick ? 2 : 3, [&] {
+        for (const auto& w : ws) be->matmul(x1, w, y1);
+      }) / static_cast<double>(ws.size());
+      const double bytes = static_cast<double>(ws[0].w.nbytes() + ws[0].scales.nbytes() + ws[0].biases.nbytes());
+      std::printf("qgemv 4096x4096 %d-bit g64 cold: %7.3f ms  %6.1f GB/s of packed weight\n", q_bits[bi], tq * 1e3,
+                  bytes / tq / 1e9);
+    }
     // Token counts around the GEMV -> GEMM switch (cpu::kGemmMinTokens) and prefill chunk sizes.
     const std::vector<int64_t> ns = quick ? std::vector<int64_t>{4, 16, 128} : std::vector<int64_t>{4, 11, 12, 16, 128, 512};
     for (int64_t n : ns) {
