@@ -2,7 +2,7 @@
 // buffer on all pool threads, best of several) and the decode GEMV rate for a 4096x4096 bf16 weight
 // (GB/s of weight streamed: hot = one weight re-read from cache, cold = cycling 1 GiB of weights so
 // each call reads DRAM), plus prefill GEMM GFLOP/s and decode attention, at each SIMD level.
-// Quantized decode GEMVs (2-8 bits, group 64, bf16 scales; cold) report GB/s of packed weight.
+// Quantized decode GEMVs (3, 4, 6, 8 bits, group 64, bf16 scales; cold) report GB/s of packed weight.
 // Usage: cpu_ops_bench [--quick | --bandwidth]   (--bandwidth: only the memory figure)   (KILN_THREADS sets the pool size).
 #include <algorithm>
 #include <chrono>
