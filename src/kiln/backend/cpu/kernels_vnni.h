@@ -83,10 +83,13 @@ inline void block_codes(const uint8_t* p, int64_t left, __m512i (&ph)[Packing<BI
   }
 }
 
+// A mask of the first n (<= 16) lanes.
+inline __mmask16 first_lanes(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1); }
+
 // n values of a scale/bias row (f32, bf16 or f16) from element i0 of p, as f32 into dst.
 inline void row_to_f32(const void* p, DType t, int64_t i0, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    const __mmask16 m = first_lanes(n - i);
     __m512 v;
     if (t == DType::f32) {
       v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i0 + i);
@@ -171,7 +174,7 @@ void qgemv_rows(const int8_t* qx, int64_t qx_stride, const float* d, const float
       __m512i ph[K::P];  // the block's codes by phase, a byte each
       block_codes<BITS>(p + b * K::kBytes, bytes - b * K::kBytes, ph);
       const int64_t g0 = b * K::kCodes / gs, ng = n_groups - g0 < gpb ? n_groups - g0 : gpb;
-      const __mmask16 gm = static_cast<__mmask16>((1u << ng) - 1);
+      const __mmask16 gm = first_lanes(ng);
       const __m512 sv = _mm512_permutexvar_ps(lane_group, _mm512_maskz_loadu_ps(gm, s + g0));
       for (int t = 0; t < NT; ++t) {
         const int8_t* xb = qx + t * qx_stride + b * K::kQx;
@@ -188,7 +191,7 @@ void qgemv_rows(const int8_t* qx, int64_t qx_stride, const float* d, const float
       }
     }
     for (int64_t g = 0; g < n_groups; g += 16) {  // the bias terms, bias · Σx per group
-      const __mmask16 m = static_cast<__mmask16>(n_groups - g >= 16 ? 0xFFFF : (1u << (n_groups - g)) - 1);
+      const __mmask16 m = first_lanes(n_groups - g);
       const __m512 bv = _mm512_maskz_loadu_ps(m, bias + g);
       for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(m, xsum + t * n_groups + g), acc[t]);
     }
