@@ -46,10 +46,10 @@ using namespace qring;
 
 // Shared memory the kernel declares statically (the attention's `last`), left out of the dynamic size.
 constexpr int kStaticSmem = 1024;
-constexpr int kNormRegs = kQDecoderMaxDim / (kConsumers * 32);  // residual values per consumer thread
+constexpr int kNormSlots = kQDecoderMaxDim / 4 / (kConsumers * 32);  // residual slots (4 values) per consumer thread
 
-// Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the normed row, or the attention's
-// q / k / v and per-warp partials][ring slots].
+// Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the norm's partial sums and weights, or
+// the attention's q / k / v and per-warp partials][ring slots].
 struct DecoderPlan {
   int qd, qo, qf;               // quads per row of dim, of q_out (o's input), of ffn
   int t_qkv, t_o, t_ffn, t_dn;  // 16-row tiles of q | k | v, o, gate (= up), down
@@ -76,8 +76,8 @@ DecoderPlan plan_for(const QDecoder& d, int n_sms) {
   const int64_t qmax = std::max({p.qd, p.qo, p.qf});
   p.qx_codes_off = kFixedSmem;
   p.qx_meta_off = p.qx_codes_off + qmax * 256;
-  p.scratch_off = p.qx_meta_off + qmax * (128 / d.group_size) * 8;
-  const int64_t scratch = 128 + std::max<int64_t>(d.dim * 4, attention_scratch(d.head_dim));  // ys + norm weights
+  p.scratch_off = (p.qx_meta_off + qmax * (128 / d.group_size) * 8 + 15) / 16 * 16;  // cp.async: 16 B
+  const int64_t scratch = 128 + std::max<int64_t>(d.dim * 2, attention_scratch(d.head_dim));  // part + norm weights
   p.ring_off = (p.scratch_off + scratch + 127) / 128 * 128;
   if (d.sdt != Dt::f32) p.slots = ring_slots(p.ring_off + kStaticSmem, d.group_size);
   p.smem = p.ring_off + int64_t{kGroups} * p.slots * slot_bytes(d.group_size);
@@ -311,13 +311,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (gt < 16) store(t * 16 + gt, sum_partials(rd, 0, gt), pair ? sum_partials(rd, 1, gt) : 0.0f);
     }
   };
-  // RMSNorm of the residual x into qx (rms_norm_kernel's thread split and roundings for 512 threads:
-  // the normed row rounded to bf16, then quantized), with the weights fetch_norm copied into wsm.
-  // fetch_norm runs before the grid barrier that precedes the norm: the weights do not depend on it,
-  // so their load overlaps the wait.
+  // RMSNorm of the residual x into qx: the normed values rounded to bf16 as rms_norm rounds them
+  // (the sum of squares in another order), then quantized, from registers; the weights fetch_norm
+  // copied into wsm. fetch_norm runs before the grid barrier that precedes the norm: the weights do
+  // not depend on it, so their load overlaps the wait.
   float* part = reinterpret_cast<float*>(scratch);
-  auto* ys = reinterpret_cast<__nv_bfloat16*>(scratch + 128);
-  __nv_bfloat16* wsm = ys + d.dim;
+  auto* wsm = reinterpret_cast<__nv_bfloat16*>(scratch + 128);
   auto fetch_norm = [&](const void* w) {
     for (int64_t c = threadIdx.x; c < d.dim / 8; c += kConsumers * 32)
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr(wsm + c * 8)),
@@ -326,26 +325,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   auto norm_to_qx = [&]() {
-    float v[kNormRegs];
+    const int n_slots = p.qd * 32;  // dim / 4 (dim % 128 == 0)
+    uint2 v[kNormSlots];
     float ss = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kNormRegs; ++r) {
-      const int64_t i = threadIdx.x + int64_t{r} * kConsumers * 32;
-      v[r] = i < d.dim ? to_f(__ldcg(x + i)) : 0.0f;
+    for (int r = 0; r < kNormSlots; ++r) {
+      const int slot = threadIdx.x + r * kConsumers * 32;
+      v[r] = slot < n_slots ? __ldcg(reinterpret_cast<const uint2*>(x) + slot) : make_uint2(0u, 0u);
     }
 #pragma unroll
-    for (int r = 0; r < kNormRegs; ++r)
-      if (threadIdx.x + int64_t{r} * kConsumers * 32 < d.dim) ss = sq_acc(ss, v[r]);
+    for (int r = 0; r < kNormSlots; ++r) {
+      float f[4];
+      bf16x4_to_f(v[r], f);
+      ss = sq_acc(sq_acc(sq_acc(sq_acc(ss, f[0]), f[1]), f[2]), f[3]);
+    }
     asm volatile("cp.async.wait_all;" ::: "memory");  // this thread's copies; consumers_sum syncs them all
     ss = consumers_sum(ss, part);
     const float inv = rsqrtf(ss / static_cast<float>(d.dim) + d.eps);
+    qx_encode_slots<GS>(v, threadIdx.x, n_slots, qx_codes, qx_meta, [&](int col, float(&f)[4]) {
+      float w[4];
+      bf16x4_to_f(*reinterpret_cast<const uint2*>(wsm + col), w);
 #pragma unroll
-    for (int r = 0; r < kNormRegs; ++r) {
-      const int64_t i = threadIdx.x + int64_t{r} * kConsumers * 32;
-      if (i < d.dim) ys[i] = from_f<__nv_bfloat16>((v[r] * inv) * to_f(wsm[i]));
-    }
-    consumers_sync();
-    qx_to_shared<GS, false>(ys, d.dim, p.qd, qx_codes, qx_meta);
+      for (int e = 0; e < 4; ++e) f[e] = to_f(from_f<__nv_bfloat16>((f[e] * inv) * w[e]));
+    });
     consumers_sync();
   };
   auto add_residual = [&](int row, float v, float) {

@@ -112,36 +112,44 @@ __device__ __forceinline__ void consumers_grid_sync(GridBarrier& gb) {
   consumers_sync();
 }
 
-// A bf16 row of `cols` as qx for one token into shared memory: codes [units][16 words], meta
-// [groups] (d, S) — the bits qx_store4 writes for the separate GEMV. kGlobal: src was written by
-// this launch's other blocks or by earlier kernels (read through L2); else src is shared memory.
-// Every consumer thread; units * 8 slots are whole warps.
-template <int GS, bool kGlobal = true>
+// The qx of slots base + b kConsumers 32 (b < kB; 4 columns each, while below n_slots) of one token
+// into shared memory: codes [units][16 words], meta [groups] (d, S) — the bits qx_store4 writes for
+// the separate GEMV. v[b]: the slot's 4 bf16; map(col, f) may change its 4 values first. Every
+// consumer thread; units * 8 slots are whole warps.
+template <int GS, int kB, typename Map>
+__device__ __forceinline__ void qx_encode_slots(const uint2 (&v)[kB], int base, int n_slots, uint32_t* codes,
+                                                float2* meta, Map map) {
+#pragma unroll
+  for (int b = 0; b < kB; ++b) {
+    const int slot = base + b * kConsumers * 32, col = slot * 4;
+    if (slot >= n_slots) break;  // the same for a whole warp
+    float f[4];
+    bf16x4_to_f(v[b], f);
+    map(col, f);
+    uint32_t hi, lo;
+    float2 dS;
+    qx_encode4<GS>(f, hi, lo, dS);
+    qx_put_codes(codes + (col / 32) * 16, col % 32, hi, lo);
+    if (col % GS == 0) meta[col / GS] = dS;
+  }
+}
+
+// A bf16 row of `cols` (written by this launch's other blocks or by earlier kernels: read through
+// L2) as qx for one token into shared memory, `quads` quads of it (zeros past cols).
+template <int GS>
 __device__ void qx_to_shared(const __nv_bfloat16* src, int64_t cols, int64_t quads, uint32_t* codes, float2* meta) {
   constexpr int kBatch = 8;  // slots per thread whose loads are in flight together
   constexpr int kStride = kConsumers * 32;
-  const int64_t n_slots = quads * 32;
-  for (int64_t base = threadIdx.x; base < n_slots; base += kBatch * kStride) {
+  const int n_slots = static_cast<int>(quads * 32), n_cols = static_cast<int>(cols);
+  for (int base = threadIdx.x; base < n_slots; base += kBatch * kStride) {
     uint2 v[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int64_t col = (base + b * kStride) * 4;
-      const bool in = base + b * kStride < n_slots && col < cols;
-      if constexpr (kGlobal) v[b] = in ? __ldcg(reinterpret_cast<const uint2*>(src + col)) : make_uint2(0u, 0u);
-      else v[b] = in ? *reinterpret_cast<const uint2*>(src + col) : make_uint2(0u, 0u);
+      const int slot = base + b * kStride;
+      v[b] = slot < n_slots && slot * 4 < n_cols ? __ldcg(reinterpret_cast<const uint2*>(src) + slot)
+                                                 : make_uint2(0u, 0u);
     }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t col = (base + b * kStride) * 4;
-      if (base + b * kStride >= n_slots) break;  // the same for a whole warp
-      float f[4];
-      bf16x4_to_f(v[b], f);
-      uint32_t hi, lo;
-      float2 dS;
-      qx_encode4<GS>(f, hi, lo, dS);
-      qx_put_codes(codes + (col / 32) * 16, col, hi, lo);
-      if (col % GS == 0) meta[col / GS] = dS;
-    }
+    qx_encode_slots<GS>(v, base, n_slots, codes, meta, [](int, float(&)[4]) {});
   }
 }
 

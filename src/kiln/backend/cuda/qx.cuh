@@ -19,30 +19,33 @@ __device__ __forceinline__ void qx_encode4(const float (&f)[4], uint32_t& hi, ui
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     sum += __shfl_xor_sync(0xffffffffu, sum, o);
   }
-  // Rounding by adding kMagic = 1.5 * 2^23 (the sum's last bit is worth 1, so it holds the rounded
-  // integer, two's complement in its low bits): full-rate FMAs instead of float <-> int conversions,
-  // which run at a quarter of the rate and made the stack's qx reads of h conversion-bound.
+  // Rounding by adding kMagic = 1.5 * 2^23: the sum's last bit is worth 1, so it is the rounded
+  // integer, held two's complement in the word's low bits (kMagic's low 22 bits are zero). Full-rate
+  // FMAs instead of float <-> int conversions (a quarter of the rate; they made the decoder stack's
+  // qx reads of h conversion-bound), and an approximate reciprocal instead of a division: every
+  // path encodes with this function, so all store the same bits.
   constexpr float kRange = 127.0f * 254.0f, kMagic = 12582912.0f;
-  const float inv = amax > 0.0f ? kRange / amax : 0.0f;
+  const float inv = amax > 0.0f ? __fdividef(kRange, amax) : 0.0f;  // |f inv| <= kRange (1 + 2^-21)
   uint32_t hb[4], lb[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const float v = fminf(kRange, fmaxf(-kRange, fmaf(f[e], inv, kMagic) - kMagic));  // round(f inv)
-    const float th = fmaf(v, 1.0f / 254.0f, kMagic);  // kMagic + h, h = round(v / 254)
+    const float tv = fmaf(f[e], inv, kMagic);                   // kMagic + v, v = round(f inv)
+    const float th = fmaf(tv - kMagic, 1.0f / 254.0f, kMagic);  // kMagic + h, h = round(v / 254) <= 127
     hb[e] = __float_as_uint(th);
-    lb[e] = __float_as_uint(fmaf(-254.0f, th - kMagic, v) + kMagic);  // l = v - 254 h, |l| <= 127
+    lb[e] = __float_as_uint(tv) - 254u * __float_as_uint(th);  // low byte: v - 254 h = l, |l| <= 127
   }
   // The low bytes of the four words, in order.
   auto low_bytes = [](const uint32_t(&w)[4]) {
     return __byte_perm(__byte_perm(w[0], w[1], 0x0040), __byte_perm(w[2], w[3], 0x0040), 0x5410);
   };
   hi = low_bytes(hb), lo = low_bytes(lb);
-  dS = make_float2(amax / kRange, sum);
+  dS = make_float2(amax * (1.0f / kRange), sum);
 }
 
-// Where column col's codes go in its unit's 16 words: hi at [4t + half], lo at [4t + 2 + half].
-__device__ __forceinline__ void qx_put_codes(uint32_t* unit, int64_t col, uint32_t hi, uint32_t lo) {
-  const int j = static_cast<int>(col % 32) / 4, t = j & 3, half = j >> 2;  // columns 4j.. = 16 half + 4t..
+// Where the codes of columns c32..c32+3 of a unit (c32 = col % 32) go in its 16 words: hi at
+// [4t + half], lo at [4t + 2 + half].
+__device__ __forceinline__ void qx_put_codes(uint32_t* unit, int c32, uint32_t hi, uint32_t lo) {
+  const int j = c32 / 4, t = j & 3, half = j >> 2;  // columns 4j.. = 16 half + 4t..
   unit[4 * t + half] = hi;
   unit[4 * t + 2 + half] = lo;
 }
@@ -54,7 +57,7 @@ __device__ __forceinline__ void qx_store4(const float (&f)[4], int64_t tok, int6
   uint32_t hi, lo;
   float2 dS;
   qx_encode4<GS>(f, hi, lo, dS);
-  qx_put_codes(codes + (tok * L.units + col / 32) * 16, col, hi, lo);
+  qx_put_codes(codes + (tok * L.units + col / 32) * 16, static_cast<int>(col % 32), hi, lo);
   if (col % GS == 0) meta[((tok >> 3) * L.groups + col / GS) * 8 + (tok & 7)] = dS;
 }
 
