@@ -356,8 +356,9 @@ __global__ void q4_tiled_dequant_kernel(QWeightArgs q, const int32_t* __restrict
 // ---- 4-bit GEMV on the tensor cores (mma.sync m16n8k32, u8 codes x s8 activations, s32
 // accumulate) over the tiled layout, for 1-8 tokens per pass and up to kQMultiMax matrices sharing x.
 // x is first turned into integers (q4_quantize_x_kernel): per (token, group of the weights' group
-// size), v = rint(x / d) with d = max|x| / (127 * 254) (15 bits of the group's range; the error is at
-// most d / 2), split exactly as v = 254 hi + lo with hi, lo in [-127, 127]. Two MMAs per unit (A = the
+// size), v = round(x / d) with d = max|x| / (127 * 254) (15 bits of the group's range; the error is
+// about d / 2; qx.cuh's qx_encode4 rounds with an approximate reciprocal and a magic-number add), split
+// exactly as v = 254 hi + lo with hi, lo in [-127, 127]. Two MMAs per unit (A = the
 // raw codes, B = hi, then lo) give exact integer sums, and per (row, group, token) in f32:
 //   y += scale · d · (254 C_hi + C_lo) + bias · S        (C = Σ q · hi|lo over the group, S = Σ x).
 // Per 8 codes a lane unpacks its two A registers with 3 instructions (the tiled nibble order), and an
