@@ -21,7 +21,7 @@
 // and after RoPE, bf16 attention output, bf16 GEMV outputs before each residual add).
 //
 // The default for one-token 4-bit decode (CudaBackend::set_fused_decoder; BENCHMARKS.md, fourteenth
-// and fifteenth sessions): llama-3-8b 4-bit batch 1 at ~455-478 tok/s against 409-427 for the separate
+// to seventeenth sessions): llama-3-8b 4-bit batch 1 at ~500-526 tok/s against ~430 for the separate
 // ops. The ring's copies evict first from L2 (qring.cuh): without that the ~115 MB of weights per layer
 // pushed h, the residual and the caches out of the 50 MB L2 between their write and their read, and the
 // stack was slower than the separate ops (380-394 tok/s). Per-block timestamps of one layer (µs from its start,
