@@ -21,9 +21,10 @@ __device__ __forceinline__ void qx_encode4(const float (&f)[4], uint32_t& hi, ui
   }
   // Rounding by adding kMagic = 1.5 * 2^23: the sum's last bit is worth 1, so it is the rounded
   // integer, held two's complement in the word's low bits (kMagic's low 22 bits are zero). Full-rate
-  // FMAs instead of float <-> int conversions (a quarter of the rate; they made the decoder stack's
-  // qx reads of h conversion-bound), and an approximate reciprocal instead of a division: every
-  // path encodes with this function, so all store the same bits.
+  // FMAs instead of float <-> int conversions (a quarter of the rate) and an approximate reciprocal
+  // instead of a division: ~2x fewer instructions, which the decoder stack's qx reads of h were bound
+  // by (BENCHMARKS.md, seventeenth session). Every path encodes with this function, so all store the
+  // same bits.
   constexpr float kRange = 127.0f * 254.0f, kMagic = 12582912.0f;
   const float inv = amax > 0.0f ? __fdividef(kRange, amax) : 0.0f;  // |f inv| <= kRange (1 + 2^-21)
   uint32_t hb[4], lb[4];
