@@ -19,6 +19,10 @@
 #   trace  prepq, then a kernel timeline of batch-1 decode (4-bit and bf16 llama-3-8b) under CUDA graphs:
 #          bench/kernel_trace.cpp preloaded into model_bench, bench/kernel_timeline.py's summary of one step
 #          (each kernel's exposed time); the traces come back as $OUT/trace_*.csv.xz
+#   ab     a change's A/B: bench/model_bench of this build against the copy device-pack.sh carried as
+#          model_bench_prev (PREV=path), alternating ROUNDS times (default 5) on a `kiln synth --q-bits 4`
+#          llama-3-8b (batch-1 decode: the decoder stack), then both with the separate ops at batches 1/2/4
+#   abtests  tests + ab (one call: a GPU change is measured and verified together)
 #   first  tests + micro + prep (one call);  second  perf (the next call, on the still-warm machine)
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
@@ -51,7 +55,12 @@ if want prep prepq first trace; then  # CPU-bound: in the background while the G
       --q-group-size 64 --force && el "convert done" ) > "$OUT/prepare.log" 2>&1 &
   prep=$!
 fi
-if want tests first; then
+if want ab abtests; then  # the synthetic 4-bit model, built while the tests run
+  ( [ -f "$M/llama-3-8b-q4s/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b-q4s" \
+      --q-bits 4 --q-group-size 64 --force ) > "$OUT/prepare_ab.log" 2>&1 &
+  prep_ab=$!
+fi
+if want tests first abtests; then
   for t in cuda_ops_test cuda_qops_test cuda_models_test cuda_quantized_model_test cuda_engine_test \
            cuda_sampling_test; do
     el "=== $t"
@@ -77,6 +86,23 @@ if [ -n "${prep:-}" ]; then
   el "waiting for synth + convert"
   wait $prep || { echo "synth/convert failed"; status=1; }
   tr '\r' '\n' < "$OUT/prepare.log" | grep -v "^\s*$" | tail -n 3
+fi
+if [ -n "${prep_ab:-}" ]; then
+  wait $prep_ab || { echo "synth failed"; tail -n 3 "$OUT/prepare_ab.log"; status=1; }
+  [ -x "$X/bin/model_bench_prev" ] || { echo "no model_bench_prev (PREV=... scripts/device-pack.sh)"; status=1; }
+  # One line per run: decode tok/s per batch (the decoder stacks the run launched).
+  ab() {
+    env ${2:-} LD_LIBRARY_PATH=$KILN_LD_PATH timeout 120 "$X/bin/$1" --device cuda --model "$M/llama-3-8b-q4s" \
+      --repeat 2 --plan "${3:-1:128:257}" 2>/dev/null | tee -a "$OUT/ab.jsonl" | python3 -c 'import sys, json
+print(" ".join("b%d %.1f (%d stacks)" % (j["batch"], j["decode_tok_s"], j.get("decoder_stacks", -1))
+               for j in map(json.loads, (l for l in sys.stdin if l.startswith("{")))))'
+  }
+  for r in $(seq "${ROUNDS:-5}"); do
+    el "round $r: prev $(ab model_bench_prev) | new $(ab model_bench)"
+  done
+  for b in model_bench_prev model_bench; do
+    el "separate ops, $b: $(ab $b KILN_CUDA_FUSED_DECODER=0 1:128:257,2:128:129,4:128:129)"
+  done
 fi
 if want perf second; then
   : > "$OUT/model_bench.jsonl"
