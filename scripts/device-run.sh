@@ -56,6 +56,7 @@ if want prep prepq first trace; then  # CPU-bound: in the background while the G
   prep=$!
 fi
 if want ab abtests; then  # the synthetic 4-bit model, built while the tests run
+  mkdir -p "$M"
   ( [ -f "$M/llama-3-8b-q4s/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b-q4s" \
       --q-bits 4 --q-group-size 64 --force ) > "$OUT/prepare_ab.log" 2>&1 &
   prep_ab=$!
