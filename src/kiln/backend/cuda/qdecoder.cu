@@ -46,7 +46,7 @@ using namespace qring;
 
 // Shared memory the kernel declares statically (the attention's `last`), left out of the dynamic size.
 constexpr int kStaticSmem = 1024;
-constexpr int kNormSlots = kQDecoderMaxDim / 4 / (kConsumers * 32);  // residual slots (4 values) per consumer thread
+constexpr int kNormSlots = kQDecoderMaxDim / 8 / (kConsumers * 32);  // residual slots (8 values) per consumer thread
 
 // Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the norm's partial sums and weights, or
 // the attention's q / k / v and per-warp partials][ring slots].
@@ -325,28 +325,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   auto norm_to_qx = [&]() {
-    const int n_slots = p.qd * 32;  // dim / 4 (dim % 128 == 0)
-    uint2 v[kNormSlots];
+    const int n_slots = p.qd * 16;  // dim / 8 (dim % 128 == 0)
+    uint4 v[kNormSlots];
     float ss = 0.0f;
 #pragma unroll
     for (int r = 0; r < kNormSlots; ++r) {
       const int slot = threadIdx.x + r * kConsumers * 32;
-      v[r] = slot < n_slots ? __ldcg(reinterpret_cast<const uint2*>(x) + slot) : make_uint2(0u, 0u);
+      v[r] = slot < n_slots ? __ldcg(reinterpret_cast<const uint4*>(x) + slot) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int r = 0; r < kNormSlots; ++r) {
-      float f[4];
-      bf16x4_to_f(v[r], f);
-      ss = sq_acc(sq_acc(sq_acc(sq_acc(ss, f[0]), f[1]), f[2]), f[3]);
+      float f[8];
+      bf16x8_to_f(v[r], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss = sq_acc(ss, f[e]);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");  // this thread's copies; consumers_sum syncs them all
     ss = consumers_sum(ss, part);
     const float inv = rsqrtf(ss / static_cast<float>(d.dim) + d.eps);
-    qx_encode_slots<GS>(v, threadIdx.x, n_slots, qx_codes, qx_meta, [&](int col, float(&f)[4]) {
-      float w[4];
-      bf16x4_to_f(*reinterpret_cast<const uint2*>(wsm + col), w);
+    qx_encode_slots<GS>(v, threadIdx.x, n_slots, qx_codes, qx_meta, [&](int col, float(&f)[8]) {
+      float w[8];
+      bf16x8_to_f(*reinterpret_cast<const uint4*>(wsm + col), w);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f[e] = to_f(from_f<__nv_bfloat16>((f[e] * inv) * w[e]));
+      for (int e = 0; e < 8; ++e) f[e] = to_f(from_f<__nv_bfloat16>((f[e] * inv) * w[e]));
     });
     consumers_sync();
   };

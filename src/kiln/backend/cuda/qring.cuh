@@ -112,24 +112,27 @@ __device__ __forceinline__ void consumers_grid_sync(GridBarrier& gb) {
   consumers_sync();
 }
 
-// The qx of slots base + b kConsumers 32 (b < kB; 4 columns each, while below n_slots) of one token
+// The qx of slots base + b kConsumers 32 (b < kB; 8 columns each, while below n_slots) of one token
 // into shared memory: codes [units][16 words], meta [groups] (d, S) — the bits qx_store4 writes for
-// the separate GEMV. v[b]: the slot's 4 bf16; map(col, f) may change its 4 values first. Every
-// consumer thread; units * 8 slots are whole warps.
+// the separate GEMV. v[b]: the slot's 8 bf16; map(col, f) may change its 8 values first. Every
+// consumer thread (whole warps: a warp past n_slots stops, one part past encodes zeros unstored).
 template <int GS, int kB, typename Map>
-__device__ __forceinline__ void qx_encode_slots(const uint2 (&v)[kB], int base, int n_slots, uint32_t* codes,
+__device__ __forceinline__ void qx_encode_slots(const uint4 (&v)[kB], int base, int n_slots, uint32_t* codes,
                                                 float2* meta, Map map) {
 #pragma unroll
   for (int b = 0; b < kB; ++b) {
-    const int slot = base + b * kConsumers * 32, col = slot * 4;
-    if (slot >= n_slots) break;  // the same for a whole warp
-    float f[4];
-    bf16x4_to_f(v[b], f);
-    map(col, f);
-    uint32_t hi, lo;
+    const int slot = base + b * kConsumers * 32, col = slot * 8;
+    if ((slot & ~31) >= n_slots) break;  // the same for a whole warp
+    float f[8];
+    bf16x8_to_f(v[b], f);
+    if (slot < n_slots) map(col, f);
+    uint32_t hi[2], lo[2];
     float2 dS;
-    qx_encode4<GS>(f, hi, lo, dS);
-    qx_put_codes(codes + (col / 32) * 16, col % 32, hi, lo);
+    qx_encode<GS>(f, hi, lo, dS);
+    if (slot >= n_slots) continue;
+    uint32_t* unit = codes + (col / 32) * 16;
+    qx_put_codes(unit, col % 32, hi[0], lo[0]);
+    qx_put_codes(unit, col % 32 + 4, hi[1], lo[1]);
     if (col % GS == 0) meta[col / GS] = dS;
   }
 }
@@ -138,18 +141,20 @@ __device__ __forceinline__ void qx_encode_slots(const uint2 (&v)[kB], int base, 
 // L2) as qx for one token into shared memory, `quads` quads of it (zeros past cols).
 template <int GS>
 __device__ void qx_to_shared(const __nv_bfloat16* src, int64_t cols, int64_t quads, uint32_t* codes, float2* meta) {
-  constexpr int kBatch = 8;  // slots per thread whose loads are in flight together
+  constexpr int kBatch = 4;  // slots per thread whose loads are in flight together
   constexpr int kStride = kConsumers * 32;
-  const int n_slots = static_cast<int>(quads * 32), n_cols = static_cast<int>(cols);
-  for (int base = threadIdx.x; base < n_slots; base += kBatch * kStride) {
-    uint2 v[kBatch];
+  const int n_slots = static_cast<int>(quads * 16), n_cols = static_cast<int>(cols);
+  // The loop's test is the warp's first slot: n_slots (quads * 16) need not be whole warps, and the
+  // encoder's shuffles need every lane.
+  for (int base = threadIdx.x; (base & ~31) < n_slots; base += kBatch * kStride) {
+    uint4 v[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int slot = base + b * kStride;
-      v[b] = slot < n_slots && slot * 4 < n_cols ? __ldcg(reinterpret_cast<const uint2*>(src) + slot)
-                                                 : make_uint2(0u, 0u);
+      v[b] = slot < n_slots && slot * 8 < n_cols ? __ldcg(reinterpret_cast<const uint4*>(src) + slot)
+                                                 : make_uint4(0u, 0u, 0u, 0u);
     }
-    qx_encode_slots<GS>(v, base, n_slots, codes, meta, [](int, float(&)[4]) {});
+    qx_encode_slots<GS>(v, base, n_slots, codes, meta, [](int, float(&)[8]) {});
   }
 }
 
