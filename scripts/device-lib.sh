@@ -15,7 +15,7 @@ carry_pack() {
     grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*|libz|libssl|libcrypto)\.so' |
     while read -r l; do cp -L "$l" "$dir/lib/"; done
   cp -r ../shared/models/stories260K "$dir/shared/models/"
-  if [ "$compress" = yes ]; then tar cf - -C "$dir" bin | xz -6 -T2 > "$dir/bin.tar.xz" && rm -rf "$dir/bin"; fi
+  if [ "$compress" = yes ]; then tar cf - -C "$dir" bin | xz -9e -T2 > "$dir/bin.tar.xz" && rm -rf "$dir/bin"; fi
   du -sh "$dir"
 }
 

@@ -86,6 +86,24 @@ DecoderPlan plan_for(const QDecoder& d, int n_sms) {
 
 __device__ __forceinline__ int pieces(int quads) { return (quads + kPieceQuads - 1) / kPieceQuads; }
 
+// A block's units of one phase (its tiles' pieces, unit u = tile u / per, piece u % per; both matrices'
+// pieces for a gate/up pair) split between the two consumer groups: group 0 the first half in order,
+// group 1 the rest, so that an odd tile count does not leave a group idle for a whole job (3 q/k/v
+// tiles: 4 + 2 pieces; 7 gate/up pairs: 4 + 3 jobs). A tile the halves split (`shared`) comes last in
+// group 1's order too, so both groups' partial sums of it are in shared memory at the phase's end.
+struct Split {
+  int per, n, h, shared;  // units per tile, units, group 0's units, the shared tile (-1: none)
+  __device__ Split(int tiles, int per_tile)
+      : per(per_tile), n(tiles * per_tile), h((n + 1) / 2), shared(h % per_tile ? h / per_tile : -1) {}
+  __device__ int count(int g) const { return g == 0 ? h : n - h; }
+  // Group g's first unit, and the unit after u in its order (group 1 goes on from the end to h).
+  __device__ int first(int g) const {
+    const int rest = (shared + 1) * per;
+    return g == 0 ? 0 : shared >= 0 && rest < n ? rest : h;
+  }
+  __device__ int next(int u) const { return u + 1 == n ? h : u + 1; }
+};
+
 // The consumers' sum of every consumer thread's v, in block_sum's order (so a 512-thread row norm
 // gets rms_norm's bits); part: 16 floats of shared memory.
 __device__ __forceinline__ float consumers_sum(float v, float* part) {
@@ -257,31 +275,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* scratch = smem + p.scratch_off;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nb = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);  // 32-bit tile indices: fewer registers
-  // This block's tiles of each phase: [b T / nb, (b + 1) T / nb).
-  const int a0 = b * p.t_qkv / nb, a1 = (b + 1) * p.t_qkv / nb, o0 = b * p.t_o / nb, o1 = (b + 1) * p.t_o / nb;
-  const int f0 = b * p.t_ffn / nb, f1 = (b + 1) * p.t_ffn / nb, e0 = b * p.t_dn / nb, e1 = (b + 1) * p.t_dn / nb;
+  // This block's tiles of a phase of T: [b T / nb, (b + 1) T / nb) (computed where used: fewer live registers).
   const int tq = p.tq, tk = p.tk;
   ring.start();
 
-  // Jobs in block order j = 0, 1, ... over all layers and phases; job j belongs to group j % 2.
+  // Each phase's units split between the groups (Split), the groups' rings fed in turn.
   if (warp == kConsumers) {  // the producer: every piece of the block's jobs, in consumption order
     if (lane != 0) return;
     Cursor k[kGroups];  // each group's ring: where the next piece goes
-    int j = 0;
-    auto job = [&](int m, const QDecoderLayer& L, int Q, int tile, int m2 = -1) {
-      const int q = j++ % kGroups;
-      for (int pc = 0; pc < pieces(Q); ++pc) {
-        ring.issue(q, k[q], L.codes[m], L.pairs[m], Q, tile, pc);
-        if (m2 >= 0) ring.issue(q, k[q], L.codes[m2], L.pairs[m2], Q, tile, pc);
-      }
+    // This block's tiles of a phase of T: mt(t) -> (matrix, tile within it); m2 >= 0: a pair's second matrix.
+    auto phase = [&](const QDecoderLayer& L, int T, int Q, auto&& mt, int m2 = -1) {
+      const int t0 = b * T / nb;
+      const Split sp((b + 1) * T / nb - t0, pieces(Q));
+      int u[kGroups] = {sp.first(0), sp.first(1)};
+      for (int i = 0; i < sp.h; ++i)
+        for (int g = 0; g < kGroups; ++g) {
+          if (i >= sp.count(g)) continue;
+          const int2 m = mt(t0 + u[g] / sp.per);
+          ring.issue(g, k[g], L.codes[m.x], L.pairs[m.x], Q, m.y, u[g] % sp.per);
+          if (m2 >= 0) ring.issue(g, k[g], L.codes[m2], L.pairs[m2], Q, m.y, u[g] % sp.per);
+          u[g] = sp.next(u[g]);
+        }
     };
     for (int l = 0; l < d.n_layers; ++l) {
       const QDecoderLayer& L = d.layers[l];
-      for (int t = a0; t < a1; ++t)  // q, k, v tiles: matrix and tile within it
-        job(t < tq ? 0 : t < tq + tk ? 1 : 2, L, p.qd, t < tq ? t : t < tq + tk ? t - tq : t - tq - tk);
-      for (int t = o0; t < o1; ++t) job(3, L, p.qo, t);
-      for (int t = f0; t < f1; ++t) job(4, L, p.qd, t, 5);
-      for (int t = e0; t < e1; ++t) job(6, L, p.qf, t);
+      phase(L, p.t_qkv, p.qd, [&](int t) {  // q, k, v tiles: matrix and tile within it
+        return t < tq ? make_int2(0, t) : t < tq + tk ? make_int2(1, t - tq) : make_int2(2, t - tq - tk);
+      });
+      phase(L, p.t_o, p.qo, [](int t) { return make_int2(3, t); });
+      phase(L, p.t_ffn, p.qd, [](int t) { return make_int2(4, t); }, 5);
+      phase(L, p.t_dn, p.qf, [](int t) { return make_int2(6, t); });
     }
     return;
   }
@@ -293,22 +316,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* attn = static_cast<__nv_bfloat16*>(d.attn);
   auto* h = static_cast<__nv_bfloat16*>(d.h);
   Cursor k;  // the group's ring: where its next piece is
-  int j = 0, jg = 0;  // block jobs passed, this group's jobs done
-  // Tiles [t0, t1) of one phase (two matrices per job when pair) against the qx in shared memory;
-  // store(row, sum0, sum1) by thread gt < 16 of the job's group.
-  auto run_jobs = [&](int t0, int t1, int Q, bool pair, auto&& store) {
-    for (int t = t0; t < t1; ++t, ++j) {
-      if (j % kGroups != grp) continue;
-      float s0[2] = {0.0f, 0.0f}, s1[2] = {0.0f, 0.0f};
-      for (int pc = 0; pc < pieces(Q); ++pc) {
-        ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s0);
-        if (pair) ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s1);
-      }
-      float(*rd)[kGroupWarps][16] = red[grp][jg++ & 1];
+  int jg = 0;  // this group's jobs done
+  // This block's tiles of a phase of T (two matrices per tile when pair) against the qx in shared memory,
+  // this group's units of them (Split); store(row, sum0, sum1) by thread gt < 16 of the tile's group,
+  // or after a block barrier by thread < 16 for a tile both groups worked on.
+  auto run_jobs = [&](int T, int Q, bool pair, auto&& store) {
+    const int t0 = b * T / nb;
+    const Split sp((b + 1) * T / nb - t0, pieces(Q));
+    float s0[2] = {0.0f, 0.0f}, s1[2] = {0.0f, 0.0f};
+    for (int i = 0, n = sp.count(grp), u = sp.first(grp); i < n; ++i, u = sp.next(u)) {
+      const int tl = u / sp.per, pc = u - tl * sp.per;
+      ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s0);
+      if (pair) ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s1);
+      if (pc + 1 < sp.per && i + 1 < n) continue;  // more of this tile
+      float(*rd)[kGroupWarps][16] = red[grp][tl == sp.shared ? 2 : jg++ & 1];
       put_partials(rd, gw, 0, s0);
       if (pair) put_partials(rd, gw, 1, s1);
+      s0[0] = s0[1] = s1[0] = s1[1] = 0.0f;
+      if (tl == sp.shared) continue;  // added up below
       group_sync(grp);
-      if (gt < 16) store(t * 16 + gt, sum_partials(rd, 0, gt), pair ? sum_partials(rd, 1, gt) : 0.0f);
+      if (gt < 16) store((t0 + tl) * 16 + gt, sum_partials(rd, 0, gt), pair ? sum_partials(rd, 1, gt) : 0.0f);
+    }
+    if (sp.shared >= 0) {
+      consumers_sync();
+      const int r = threadIdx.x;
+      if (r < 16)
+        store((t0 + sp.shared) * 16 + r, sum_partials(red[0][2], 0, r) + sum_partials(red[1][2], 0, r),
+              pair ? sum_partials(red[0][2], 1, r) + sum_partials(red[1][2], 1, r) : 0.0f);
     }
   };
   // RMSNorm of the residual x into qx: the normed values rounded to bf16 as rms_norm rounds them
@@ -362,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int l = 0; l < d.n_layers; ++l) {
     const QDecoderLayer& L = d.layers[l];
     norm_to_qx();  // A
-    run_jobs(a0, a1, p.qd, false, [&](int row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
+    run_jobs(p.t_qkv, p.qd, false, [&](int row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
     consumers_grid_sync(grid);
     for (int64_t it = b; it < d.n_heads * ns; it += nb) {  // B: items (head, split), a head's splits adjacent
       const int64_t hq = it / ns;
@@ -373,18 +407,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     consumers_grid_sync(grid);
     qx_to_shared<GS>(attn, d.n_heads * d.head_dim, p.qo, qx_codes, qx_meta);  // C
     consumers_sync();
-    run_jobs(o0, o1, p.qo, false, add_residual);
+    run_jobs(p.t_o, p.qo, false, add_residual);
     fetch_norm(L.mlp_norm);
     consumers_grid_sync(grid);
     norm_to_qx();  // D
-    run_jobs(f0, f1, p.qd, true, [&](int row, float gv, float uv) {
+    run_jobs(p.t_ffn, p.qd, true, [&](int row, float gv, float uv) {
       const float gr = to_f(from_f<__nv_bfloat16>(gv)), ur = to_f(from_f<__nv_bfloat16>(uv));  // as stored
       h[row] = from_f<__nv_bfloat16>(act_f(gr, d.act) * ur);
     });
     consumers_grid_sync(grid);
     qx_to_shared<GS>(h, d.ffn, p.qf, qx_codes, qx_meta);  // E
     consumers_sync();
-    run_jobs(e0, e1, p.qf, false, add_residual);
+    run_jobs(p.t_dn, p.qf, false, add_residual);
     if (l + 1 < d.n_layers) {
       fetch_norm(d.layers[l + 1].attn_norm);
       consumers_grid_sync(grid);

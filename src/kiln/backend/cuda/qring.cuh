@@ -1,8 +1,8 @@
 // The machinery of the persistent 4-bit kernels that stream their weights through shared memory
 // (qmlp.cu: the gated MLP; qdecoder.cu: a whole decoder stack): one block per SM, a producer warp
 // copying the block's weight pieces in consumption order into a ring of shared-memory slots with TMA
-// bulk copies, and two groups of 8 consumer warps taking jobs (16-row tiles) in turn, each group
-// with its own ring. A piece is up to kPieceQuads quads of one tile: its codes, then its (scale,
+// bulk copies, and two groups of 8 consumer warps, each with its own ring, taking jobs (16-row
+// tiles) in turn (qmlp.cu) or halves of a phase's pieces (qdecoder.cu). A piece is up to kPieceQuads quads of one tile: its codes, then its (scale,
 // bias) pairs (the 4-bit tiled layout of qmatmul.cu). sm_90 and later (mbarrier tx counts, bulk
 // copies); the host side plans for 0 slots elsewhere.
 #pragma once
@@ -20,8 +20,9 @@ constexpr int kConsumers = kGroups * kGroupWarps;  // compute warps per block
 constexpr int kThreads = (kConsumers + 1) * 32;    // and one producer warp
 constexpr int kPieceQuads = 16;                    // quads per ring slot (16 KB of codes)
 constexpr int kMaxSlots = 12;                      // both groups' rings
-// mbarriers (full, empty) and the partial sums [group][job parity][2 matrices][warp][row].
-constexpr int kFixedSmem = 2 * kMaxSlots * 8 + kGroups * 2 * 2 * kGroupWarps * 16 * 4;
+// mbarriers (full, empty) and the partial sums [group][buffer: job parity, or a tile the groups
+// share][2 matrices][warp][row].
+constexpr int kFixedSmem = 2 * kMaxSlots * 8 + kGroups * 3 * 2 * kGroupWarps * 16 * 4;
 
 // The opt-in shared memory per block on sm_90 and later, else 0.
 int smem_optin();
@@ -250,9 +251,10 @@ __device__ __forceinline__ Ring ring_at(unsigned char* smem, int64_t ring_off, i
   return Ring{reinterpret_cast<uint64_t*>(smem), reinterpret_cast<uint64_t*>(smem) + kMaxSlots, smem + ring_off, slots,
               slot_bytes(GS), pair_quad_bytes(GS)};
 }
-// Partial sums [group][job parity][matrix][warp][row] (put_partials / sum_partials).
+// Partial sums [group][buffer][matrix][warp][row] (put_partials / sum_partials): buffers 0, 1 alternate
+// between a group's jobs, 2 holds its part of a tile both groups work on.
 __device__ __forceinline__ auto partials_at(unsigned char* smem) {
-  return reinterpret_cast<float(*)[2][2][kGroupWarps][16]>(smem + 2 * kMaxSlots * 8);
+  return reinterpret_cast<float(*)[3][2][kGroupWarps][16]>(smem + 2 * kMaxSlots * 8);
 }
 
 // Rows [16 tile, 16 tile + 16) of a group's job: thread gt (< 16) of the group gets the sum over the
