@@ -44,8 +44,20 @@ namespace {
 
 using namespace qring;
 
-// Shared memory the kernel declares statically (the attention's `last`), left out of the dynamic size.
+// Shared memory the kernel declares statically (the attention's `last`, StepInfo), left out of the
+// dynamic size.
 constexpr int kStaticSmem = 1024;
+
+// The step's token (its position, cache slot and sequence) and the head of its sequence's block table,
+// read once at the kernel's start into shared memory: each grid barrier's acquire load invalidates L1,
+// so reading them from global memory cost every layer's attention an L2 round trip for the token and
+// another for the table before its first cache load (per-block timestamps: the item's first cache load 1.2 -> 0.66 us after the barrier).
+constexpr int kTableCache = 192;  // block-table entries kept (contexts up to 192 cache blocks)
+struct StepInfo {
+  int pos, slot, seq, n_table;
+  int table[kTableCache];
+};
+static_assert(sizeof(StepInfo) + 16 <= kStaticSmem, "static shared memory");
 constexpr int kNormSlots = kQDecoderMaxDim / 8 / (kConsumers * 32);  // residual slots (8 values) per consumer thread
 
 // Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the norm's partial sums and weights, or
@@ -122,38 +134,39 @@ __device__ __forceinline__ float consumers_sum(float v, float* part) {
 // ns > 1 the split's (m, l, acc) goes to partials and the last split of the head to arrive (counters
 // [hq], back to zero after) merges them into attn. scratch: attention_scratch(head_dim) bytes.
 template <int E>
-__device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, int64_t hq, int sp, int ns,
+__device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, const StepInfo& st, int hq, int sp, int ns,
                              const __nv_bfloat16* qkv, __nv_bfloat16* attn, float* partials, unsigned* counters,
                              unsigned char* scratch) {
   constexpr int hd = 32 * E, half = hd / 2, kBatch = 4;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t q_out = d.n_heads * hd, kv_out = d.n_kv_heads * hd, group = d.n_heads / d.n_kv_heads;
-  const int64_t kvh = hq / group;
+  const int64_t q_out = d.n_heads * hd, kv_out = d.n_kv_heads * hd;
+  const int group = static_cast<int>(d.n_heads / d.n_kv_heads), kvh = hq / group;
   auto* raw = reinterpret_cast<__nv_bfloat16*>(scratch);  // q, k, v of the head as the GEMV stored them
   float* qf = reinterpret_cast<float*>(scratch + 3 * hd * 2);
   float* kf = qf + hd;
   float* vf = kf + hd;
   float* part = vf + hd;  // [warp][hd + 2]: acc, m, l
-  const int64_t pos = d.pos[0], slot = d.slots[0];
-  const int64_t lo_key = L.window > 0 ? max(int64_t{0}, pos - L.window + 1) : 0;
-  const int64_t per = (pos - lo_key + ns) / ns;  // keys per split
-  const int64_t j_begin = lo_key + sp * per, j_end = min(pos, j_begin + per - 1);  // inclusive
+  const int pos = st.pos;  // 32-bit key indices: cheaper divisions
+  const int64_t slot = st.slot;
+  const int lo_key = L.window > 0 ? max(0, pos - static_cast<int>(L.window) + 1) : 0;
+  const int per = (pos - lo_key + ns) / ns;  // keys per split
+  const int j_begin = lo_key + sp * per, j_end = min(pos, j_begin + per - 1);  // inclusive
   const bool has_new = j_begin <= pos && pos <= j_end;  // this split holds the token's own key
   const bool writer = has_new && hq % group == 0 && slot >= 0 && slot < d.n_slots;  // stores its k / v
   // The warp's keys j0, j0 + 16, ... (kBatch of them) of the cache, every load in flight together;
   // the first batch is requested before q / k / v are read: it does not depend on this step.
-  const int seq = d.token_seq[0];
   using Vec = std::conditional_t<E == 4, uint2, uint32_t>;  // a lane's E bf16
-  constexpr int64_t kStride = int64_t{kConsumers} * kBatch;
+  constexpr int kStride = kConsumers * kBatch;
   auto* kc = static_cast<__nv_bfloat16*>(L.k_cache);
   auto* vc = static_cast<__nv_bfloat16*>(L.v_cache);
-  auto load_batch = [&](int64_t j0, Vec(&kv)[kBatch], Vec(&vv)[kBatch]) {
+  auto load_batch = [&](int j0, Vec(&kv)[kBatch], Vec(&vv)[kBatch]) {
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      const int64_t j = j0 + int64_t{i} * kConsumers;
+      const int j = j0 + i * kConsumers;
       if (j <= j_end && j != pos) {
-        const int64_t row = (int64_t{d.block_tables[int64_t{seq} * d.max_blocks + j / d.block_size]} * d.block_size +
-                             j % d.block_size) * kv_out + kvh * hd + lane * E;
+        const int blk = j / d.block_size;
+        const int phys = blk < st.n_table ? st.table[blk] : d.block_tables[int64_t{st.seq} * d.max_blocks + blk];
+        const int64_t row = (int64_t{phys} * d.block_size + j % d.block_size) * kv_out + kvh * hd + lane * E;
         kv[i] = __ldcg(reinterpret_cast<const Vec*>(kc + row));
         vv[i] = __ldcg(reinterpret_cast<const Vec*>(vc + row));
       }
@@ -189,11 +202,11 @@ __device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, int64_t 
   float q[E], acc[E], m = -FLT_MAX, l = 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) q[e] = qf[lane * E + e], acc[e] = 0.0f;
-  for (int64_t j0 = j_begin + warp; j0 <= j_end; j0 += kStride) {
+  for (int j0 = j_begin + warp; j0 <= j_end; j0 += kStride) {
     if (j0 > j_begin + warp) load_batch(j0, kv, vv);  // the first batch is in flight since the start
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      const int64_t j = j0 + int64_t{i} * kConsumers;
+      const int j = j0 + i * kConsumers;
       if (j > j_end) break;
       float kx[E], vx[E];
       if (j == pos) {  // the new token: from shared memory (its cache row may not be written yet)
@@ -392,17 +405,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ns = p.splits;
   fetch_norm(d.layers[0].attn_norm);
   pdl_wait();  // x is the previous kernel's output
+  __shared__ StepInfo step;  // the consumers' barriers before the first attention publish it
+  {
+    const int pos = d.pos[0], seq = d.token_seq[0];
+    const int n_table = min(kTableCache, min(d.max_blocks, pos / d.block_size + 1));
+    for (int i = threadIdx.x; i < n_table; i += kConsumers * 32)
+      step.table[i] = d.block_tables[int64_t{seq} * d.max_blocks + i];
+    if (threadIdx.x == 0) step.pos = pos, step.slot = d.slots[0], step.seq = seq, step.n_table = n_table;
+  }
   GridBarrier grid(barrier);  // thread 0's; its counter read after the kernels before this one are done
   for (int l = 0; l < d.n_layers; ++l) {
     const QDecoderLayer& L = d.layers[l];
     norm_to_qx();  // A
     run_jobs(p.t_qkv, p.qd, false, [&](int row, float v, float) { qkv[row] = from_f<__nv_bfloat16>(v); });
     consumers_grid_sync(grid);
-    for (int64_t it = b; it < d.n_heads * ns; it += nb) {  // B: items (head, split), a head's splits adjacent
-      const int64_t hq = it / ns;
-      const int sp = static_cast<int>(it % ns);
-      if (d.head_dim == 64) attend_split<2>(d, L, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
-      else attend_split<4>(d, L, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
+    for (int it = b; it < d.n_heads * ns; it += nb) {  // B: items (head, split), a head's splits adjacent
+      const int hq = it / ns, sp = it % ns;
+      if (d.head_dim == 64) attend_split<2>(d, L, step, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
+      else attend_split<4>(d, L, step, hq, sp, ns, qkv, attn, d.partials, d.counters, scratch);
     }
     consumers_grid_sync(grid);
     qx_to_shared<GS>(attn, d.n_heads * d.head_dim, p.qo, qx_codes, qx_meta);  // C
