@@ -21,15 +21,15 @@
 // and after RoPE, bf16 attention output, bf16 GEMV outputs before each residual add).
 //
 // The default for one-token 4-bit decode (CudaBackend::set_fused_decoder; BENCHMARKS.md, fourteenth
-// to seventeenth sessions): llama-3-8b 4-bit batch 1 at ~500-526 tok/s against ~430 for the separate
+// to eighteenth sessions): llama-3-8b 4-bit batch 1 at ~535-556 tok/s against ~400-440 for the separate
 // ops. The ring's copies evict first from L2 (qring.cuh): without that the ~115 MB of weights per layer
 // pushed h, the residual and the caches out of the 50 MB L2 between their write and their read, and the
-// stack was slower than the separate ops (380-394 tok/s). Per-block timestamps of one layer (µs from its start,
-// mean / last block): norm + qx 3.0, q/k/v tiles 6.5 / 6.9, barrier 8.3, attention 14.2 / 15.9,
-// barrier 17.0, attn's qx 18.5, o 21.1 / 21.7, barrier 24.9, norm 28.3, gate/up 41.7 / 43.6, barrier
-// 45.5, h's qx 48.9, down 55.1 / 59.1, barrier 60.7. The ring alone streams at 94-97% of the bound and
-// with every MMA at 85-93%; the barriers (~14 µs a layer), the norms and qx reads (~15 µs) and the
-// attention (~8.5 µs) are the rest (fifteenth session's accounting).
+// stack was slower than the separate ops (380-394 tok/s). Per-block timestamps of one layer (µs from its
+// start, mean / last block; eighteenth session): norm + qx 1.2, q/k/v tiles 4.6 / 4.9, barrier 7.1,
+// attention 12.6 / 14.5, barrier 15.2, attn's qx 15.9, o 18.6 / 19.2, barrier 20.9, norm 21.9, gate/up
+// 35.8 / 38.1, barrier 39.0, h's qx 40.7, down 47.6 / 48.8, barrier 50.5. The consume phases run at about
+// the DRAM rate (~27 µs); with no weight copies at all the stack would still take ~42 µs a layer: the
+// chain of barriers, attention, norms and qx, and consumers only ~1.4x faster than DRAM, are the rest.
 #include <algorithm>
 #include <cfloat>
 #include <cstdio>
