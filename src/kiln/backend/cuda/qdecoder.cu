@@ -51,7 +51,8 @@ constexpr int kStaticSmem = 1024;
 // The step's token (its position, cache slot and sequence) and the head of its sequence's block table,
 // read once at the kernel's start into shared memory: each grid barrier's acquire load invalidates L1,
 // so reading them from global memory cost every layer's attention an L2 round trip for the token and
-// another for the table before its first cache load (per-block timestamps: the item's first cache load 1.2 -> 0.66 us after the barrier).
+// another for the table before its first cache load (per-block timestamps: that load 1.2 -> 0.66 us
+// after the barrier).
 constexpr int kTableCache = 192;  // block-table entries kept (contexts up to 192 cache blocks)
 struct StepInfo {
   int pos, slot, seq, n_table;
