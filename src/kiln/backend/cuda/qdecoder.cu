@@ -44,10 +44,6 @@ namespace {
 
 using namespace qring;
 
-// Shared memory the kernel declares statically (the attention's `last`, StepInfo), left out of the
-// dynamic size.
-constexpr int kStaticSmem = 1024;
-
 // The step's token (its position, cache slot and sequence) and the head of its sequence's block table,
 // read once at the kernel's start into shared memory: each grid barrier's acquire load invalidates L1,
 // so reading them from global memory cost every layer's attention an L2 round trip for the token and
@@ -58,7 +54,10 @@ struct StepInfo {
   int pos, slot, seq, n_table;
   int table[kTableCache];
 };
-static_assert(sizeof(StepInfo) + 16 <= kStaticSmem, "static shared memory");
+// The kernel's static shared memory (StepInfo, the attention's `last`, what the compiler adds), left
+// out of the dynamic size: read from the kernel, not assumed, as the ring's slots are what is left (at
+// group size 64 its tenth slot, 5 per group rather than 4, fits by ~400 bytes).
+int static_smem();
 constexpr int kNormSlots = kQDecoderMaxDim / 8 / (kConsumers * 32);  // residual slots (8 values) per consumer thread
 
 // Shared memory: [mbarriers][red][qx codes][qx meta][scratch: the norm's partial sums and weights, or
@@ -72,7 +71,9 @@ struct DecoderPlan {
   int64_t qx_codes_off, qx_meta_off, scratch_off, ring_off, smem;
 };
 
-int64_t attention_scratch(int64_t hd) { return 3 * hd * 2 + (3 * hd + kConsumers * (hd + 2)) * 4; }
+// The attention's q, k, v in f32, then the raw q / k / v (bf16) overlaid by the warps' partials (written
+// after the raw values are last read).
+int64_t attention_scratch(int64_t hd) { return 3 * hd * 4 + std::max<int64_t>(3 * hd * 2, kConsumers * (hd + 2) * 4); }
 
 // Blocks of a launch on n_sms multiprocessors (one per SM: the grid barrier needs all resident).
 int grid_for(int n_sms) { return std::min(n_sms, kQGatedMlpMaxGrid); }
@@ -92,7 +93,7 @@ DecoderPlan plan_for(const QDecoder& d, int n_sms) {
   p.scratch_off = (p.qx_meta_off + qmax * (128 / d.group_size) * 8 + 15) / 16 * 16;  // cp.async: 16 B
   const int64_t scratch = 128 + std::max<int64_t>(d.dim * 2, attention_scratch(d.head_dim));  // part + norm weights
   p.ring_off = (p.scratch_off + scratch + 127) / 128 * 128;
-  if (d.sdt != Dt::f32) p.slots = ring_slots(p.ring_off + kStaticSmem, d.group_size);
+  if (d.sdt != Dt::f32) p.slots = ring_slots(p.ring_off + static_smem(), d.group_size);
   p.smem = p.ring_off + int64_t{kGroups} * p.slots * slot_bytes(d.group_size);
   return p;
 }
@@ -142,11 +143,11 @@ __device__ void attend_split(const QDecoder& d, const QDecoderLayer& L, const St
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t q_out = d.n_heads * hd, kv_out = d.n_kv_heads * hd;
   const int group = static_cast<int>(d.n_heads / d.n_kv_heads), kvh = hq / group;
-  auto* raw = reinterpret_cast<__nv_bfloat16*>(scratch);  // q, k, v of the head as the GEMV stored them
-  float* qf = reinterpret_cast<float*>(scratch + 3 * hd * 2);
+  float* qf = reinterpret_cast<float*>(scratch);
   float* kf = qf + hd;
   float* vf = kf + hd;
-  float* part = vf + hd;  // [warp][hd + 2]: acc, m, l
+  auto* raw = reinterpret_cast<__nv_bfloat16*>(vf + hd);  // q, k, v of the head as the GEMV stored them
+  float* part = vf + hd;  // [warp][hd + 2]: acc, m, l (over raw: written after the keys)
   const int pos = st.pos;  // 32-bit key indices: cheaper divisions
   const int64_t slot = st.slot;
   const int lo_key = L.window > 0 ? max(0, pos - static_cast<int>(L.window) + 1) : 0;
@@ -450,6 +451,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+int static_smem() {
+  static const int bytes = [] {
+    if (smem_optin() == 0) return 0;  // no sm_90 device: the ring has no slots anyway
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, q4_decoder_kernel<__nv_bfloat16, 64>) == cudaSuccess)
+      return static_cast<int>(a.sharedSizeBytes);
+    cudaGetLastError();  // not sticky: cleared for the launch checks that follow
+    return 1024;
+  }();
+  return bytes;
+}
+
 }  // namespace
 
 bool q4_decoder_fits(const QDecoder& d, int n_sms) {
@@ -471,11 +484,11 @@ void launch_q4_decoder(const QDecoder& d, unsigned long long* barrier, int n_sms
       auto run = [&]<int GS>() {
         static const bool attr = [] {
           return cudaFuncSetAttribute(q4_decoder_kernel<ST, GS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      smem_optin() - kStaticSmem) == cudaSuccess;
+                                      smem_optin() - static_smem()) == cudaSuccess;
         }();
         if (!attr) {
           std::fprintf(stderr, "[cuda] q4_decoder: cannot allow %d bytes of shared memory\n",
-                       smem_optin() - kStaticSmem);
+                       smem_optin() - static_smem());
           std::abort();
         }
         launch_pdl(q4_decoder_kernel<ST, GS>, grid, kThreads, static_cast<size_t>(p.smem), s, d, p, barrier);
