@@ -105,17 +105,26 @@ __device__ __forceinline__ int pieces(int quads) { return (quads + kPieceQuads -
 // group 1 the rest, so that an odd tile count does not leave a group idle for a whole job (3 q/k/v
 // tiles: 4 + 2 pieces; 7 gate/up pairs: 4 + 3 jobs). A tile the halves split (`shared`) comes last in
 // group 1's order too, so both groups' partial sums of it are in shared memory at the phase's end.
+// A unit with its tile and piece, advanced by counting (a division per unit was ~35 instructions on
+// every piece's path: the ncu source profile of the eighteenth session).
+struct Unit {
+  int u, tile, piece;
+};
 struct Split {
   int per, n, h, shared;  // units per tile, units, group 0's units, the shared tile (-1: none)
   __device__ Split(int tiles, int per_tile)
       : per(per_tile), n(tiles * per_tile), h((n + 1) / 2), shared(h % per_tile ? h / per_tile : -1) {}
   __device__ int count(int g) const { return g == 0 ? h : n - h; }
-  // Group g's first unit, and the unit after u in its order (group 1 goes on from the end to h).
-  __device__ int first(int g) const {
+  __device__ Unit at(int u) const { return {u, u / per, u % per}; }
+  // Group g's first unit, and the unit after x in its order (group 1 goes on from the end to h).
+  __device__ Unit first(int g) const {
     const int rest = (shared + 1) * per;
-    return g == 0 ? 0 : shared >= 0 && rest < n ? rest : h;
+    return at(g == 0 ? 0 : shared >= 0 && rest < n ? rest : h);
   }
-  __device__ int next(int u) const { return u + 1 == n ? h : u + 1; }
+  __device__ void next(Unit& x) const {
+    if (x.u + 1 == n) x = at(h);
+    else if (++x.u, ++x.piece == per) x.piece = 0, ++x.tile;
+  }
 };
 
 // The consumers' sum of every consumer thread's v, in block_sum's order (so a 512-thread row norm
@@ -302,14 +311,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto phase = [&](const QDecoderLayer& L, int T, int Q, auto&& mt, int m2 = -1) {
       const int t0 = b * T / nb;
       const Split sp((b + 1) * T / nb - t0, pieces(Q));
-      int u[kGroups] = {sp.first(0), sp.first(1)};
+      Unit u[kGroups] = {sp.first(0), sp.first(1)};
       for (int i = 0; i < sp.h; ++i)
         for (int g = 0; g < kGroups; ++g) {
           if (i >= sp.count(g)) continue;
-          const int2 m = mt(t0 + u[g] / sp.per);
-          ring.issue(g, k[g], L.codes[m.x], L.pairs[m.x], Q, m.y, u[g] % sp.per);
-          if (m2 >= 0) ring.issue(g, k[g], L.codes[m2], L.pairs[m2], Q, m.y, u[g] % sp.per);
-          u[g] = sp.next(u[g]);
+          const int2 m = mt(t0 + u[g].tile);
+          ring.issue(g, k[g], L.codes[m.x], L.pairs[m.x], Q, m.y, u[g].piece);
+          if (m2 >= 0) ring.issue(g, k[g], L.codes[m2], L.pairs[m2], Q, m.y, u[g].piece);
+          sp.next(u[g]);
         }
     };
     for (int l = 0; l < d.n_layers; ++l) {
@@ -339,8 +348,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t0 = b * T / nb;
     const Split sp((b + 1) * T / nb - t0, pieces(Q));
     float s0[2] = {0.0f, 0.0f}, s1[2] = {0.0f, 0.0f};
-    for (int i = 0, n = sp.count(grp), u = sp.first(grp); i < n; ++i, u = sp.next(u)) {
-      const int tl = u / sp.per, pc = u - tl * sp.per;
+    Unit x = sp.first(grp);
+    for (int i = 0, n = sp.count(grp); i < n; ++i, sp.next(x)) {
+      const int tl = x.tile, pc = x.piece;
       ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s0);
       if (pair) ring.consume<ST, GS>(grp, gw, k, Q, pc, qx_codes, qx_meta, s1);
       if (pc + 1 < sp.per && i + 1 < n) continue;  // more of this tile
