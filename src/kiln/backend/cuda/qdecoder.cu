@@ -27,9 +27,10 @@
 // stack was slower than the separate ops (380-394 tok/s). Per-block timestamps of one layer (µs from its
 // start, mean / last block; eighteenth session): norm + qx 1.2, q/k/v tiles 4.6 / 4.9, barrier 7.1,
 // attention 12.6 / 14.5, barrier 15.2, attn's qx 15.9, o 18.6 / 19.2, barrier 20.9, norm 21.9, gate/up
-// 35.8 / 38.1, barrier 39.0, h's qx 40.7, down 47.6 / 48.8, barrier 50.5. The consume phases run at about
-// the DRAM rate (~27 µs); with no weight copies at all the stack would still take ~42 µs a layer: the
-// chain of barriers, attention, norms and qx, and consumers only ~1.4x faster than DRAM, are the rest.
+// 35.8 / 38.1, barrier 39.0, h's qx 40.7, down 47.6 / 48.8, barrier 50.5. The consume phases (~27 µs)
+// are compute-bound (nineteenth session: ~10% of gate/up waits for a slot, and with no weight copies at all
+// it is only 5% shorter; ~80 warp instructions per quad): the consumers are only ~1.2x faster than DRAM,
+// so the ring cannot get ahead to hide the chain of barriers, attention, norms and qx.
 #include <algorithm>
 #include <cfloat>
 #include <cstdio>
