@@ -101,16 +101,17 @@ DecoderPlan plan_for(const QDecoder& d, int n_sms) {
 
 __device__ __forceinline__ int pieces(int quads) { return (quads + kPieceQuads - 1) / kPieceQuads; }
 
+// A unit with its tile and piece, advanced by counting (a division per unit was ~35 instructions on
+// every piece's path: the ncu source profile of the nineteenth session).
+struct Unit {
+  int u, tile, piece;
+};
+
 // A block's units of one phase (its tiles' pieces, unit u = tile u / per, piece u % per; both matrices'
 // pieces for a gate/up pair) split between the two consumer groups: group 0 the first half in order,
 // group 1 the rest, so that an odd tile count does not leave a group idle for a whole job (3 q/k/v
 // tiles: 4 + 2 pieces; 7 gate/up pairs: 4 + 3 jobs). A tile the halves split (`shared`) comes last in
 // group 1's order too, so both groups' partial sums of it are in shared memory at the phase's end.
-// A unit with its tile and piece, advanced by counting (a division per unit was ~35 instructions on
-// every piece's path: the ncu source profile of the eighteenth session).
-struct Unit {
-  int u, tile, piece;
-};
 struct Split {
   int per, n, h, shared;  // units per tile, units, group 0's units, the shared tile (-1: none)
   __device__ Split(int tiles, int per_tile)
