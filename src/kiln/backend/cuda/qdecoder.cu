@@ -112,10 +112,13 @@ struct Unit {
 // group 1 the rest, so that an odd tile count does not leave a group idle for a whole job (3 q/k/v
 // tiles: 4 + 2 pieces; 7 gate/up pairs: 4 + 3 jobs). A tile the halves split (`shared`) comes last in
 // group 1's order too, so both groups' partial sums of it are in shared memory at the phase's end.
+// Block b of nb takes tiles [t0, (b + 1) T / nb) of a phase of T, t0 = b T / nb (the producer and the
+// consumers both build it here, so they agree).
 struct Split {
-  int per, n, h, shared;  // units per tile, units, group 0's units, the shared tile (-1: none)
-  __device__ Split(int tiles, int per_tile)
-      : per(per_tile), n(tiles * per_tile), h((n + 1) / 2), shared(h % per_tile ? h / per_tile : -1) {}
+  int t0, per, n, h, shared;  // first tile, units per tile, units, group 0's units, the shared tile (-1: none)
+  __device__ Split(int T, int Q, int b, int nb)
+      : t0(b * T / nb), per(pieces(Q)), n(((b + 1) * T / nb - t0) * per), h((n + 1) / 2),
+        shared(h % per ? h / per : -1) {}
   __device__ int count(int g) const { return g == 0 ? h : n - h; }
   __device__ Unit at(int u) const { return {u, u / per, u % per}; }
   // Group g's first unit, and the unit after x in its order (group 1 goes on from the end to h).
@@ -301,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* scratch = smem + p.scratch_off;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nb = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);  // 32-bit tile indices: fewer registers
-  // This block's tiles of a phase of T: [b T / nb, (b + 1) T / nb) (computed where used: fewer live registers).
+  // This block's tiles of each phase: Split, built where used (fewer live registers).
   const int tq = p.tq, tk = p.tk;
   ring.start();
 
@@ -311,13 +314,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     Cursor k[kGroups];  // each group's ring: where the next piece goes
     // This block's tiles of a phase of T: mt(t) -> (matrix, tile within it); m2 >= 0: a pair's second matrix.
     auto phase = [&](const QDecoderLayer& L, int T, int Q, auto&& mt, int m2 = -1) {
-      const int t0 = b * T / nb;
-      const Split sp((b + 1) * T / nb - t0, pieces(Q));
+      const Split sp(T, Q, b, nb);
       Unit u[kGroups] = {sp.first(0), sp.first(1)};
       for (int i = 0; i < sp.h; ++i)
         for (int g = 0; g < kGroups; ++g) {
           if (i >= sp.count(g)) continue;
-          const int2 m = mt(t0 + u[g].tile);
+          const int2 m = mt(sp.t0 + u[g].tile);
           ring.issue(g, k[g], L.codes[m.x], L.pairs[m.x], Q, m.y, u[g].piece);
           if (m2 >= 0) ring.issue(g, k[g], L.codes[m2], L.pairs[m2], Q, m.y, u[g].piece);
           sp.next(u[g]);
@@ -347,8 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // this group's units of them (Split); store(row, sum0, sum1) by thread gt < 16 of the tile's group,
   // or after a block barrier by thread < 16 for a tile both groups worked on.
   auto run_jobs = [&](int T, int Q, bool pair, auto&& store) {
-    const int t0 = b * T / nb;
-    const Split sp((b + 1) * T / nb - t0, pieces(Q));
+    const Split sp(T, Q, b, nb);
     float s0[2] = {0.0f, 0.0f}, s1[2] = {0.0f, 0.0f};
     Unit x = sp.first(grp);
     for (int i = 0, n = sp.count(grp); i < n; ++i, sp.next(x)) {
@@ -362,13 +363,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       s0[0] = s0[1] = s1[0] = s1[1] = 0.0f;
       if (tl == sp.shared) continue;  // added up below
       group_sync(grp);
-      if (gt < 16) store((t0 + tl) * 16 + gt, sum_partials(rd, 0, gt), pair ? sum_partials(rd, 1, gt) : 0.0f);
+      if (gt < 16) store((sp.t0 + tl) * 16 + gt, sum_partials(rd, 0, gt), pair ? sum_partials(rd, 1, gt) : 0.0f);
     }
     if (sp.shared >= 0) {
       consumers_sync();
       const int r = threadIdx.x;
       if (r < 16)
-        store((t0 + sp.shared) * 16 + r, sum_partials(red[0][2], 0, r) + sum_partials(red[1][2], 0, r),
+        store((sp.t0 + sp.shared) * 16 + r, sum_partials(red[0][2], 0, r) + sum_partials(red[1][2], 0, r),
               pair ? sum_partials(red[0][2], 1, r) + sum_partials(red[1][2], 1, r) : 0.0f);
     }
   };
