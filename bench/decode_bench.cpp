@@ -1,5 +1,5 @@
-// decode_bench: batch-1 decode tok/s of a model folder on the CPU through model::Model::forward
-// directly (no tokenizer or engine, so it builds while those layers change): prefill P tokens,
+// decode_bench: batch-1 decode tok/s of a model folder on the CPU through the engine's ModelRunner
+// (no tokenizer, scheduler or sampling beyond greedy): prefill P tokens,
 // then time D single-token steps; reports the best of R runs (this machine's timing is noisy).
 // Usage: decode_bench --model DIR [--prefill 32] [--decode 32] [--repeat 5]
 #include <chrono>
@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kiln/engine/model_runner.h"
 #include "kiln/model/model.h"
 
 using namespace kiln;
@@ -35,20 +36,16 @@ int main(int argc, char** argv) {
     double best = 1e30;
     for (int r = 0; r < repeat; ++r) {
       auto kv = model::KvCache::allocate(*be, cfg, n_blocks, block);
-      auto step = [&](int begin, int end, int32_t first) {
-        model::Batch b;
-        b.n_seqs = 1;
-        b.max_blocks = n_blocks;
-        for (int i = 0; i < n_blocks; ++i) b.block_tables.push_back(i);
-        for (int p = begin; p < end; ++p) {
-          b.tokens.push_back(p == begin ? first : (p * 7919 + 3) % cfg.vocab_size);
-          b.positions.push_back(p);
-          b.token_seq.push_back(0);
-          b.slots.push_back(p);
-        }
-        b.logit_rows.push_back(end - begin - 1);
-        b.greedy_only = true;
-        return m->forward(b, kv).ptr<int32_t>()[0];
+      engine::ModelRunner runner(*m, kv);
+      std::vector<int32_t> tokens(prefill + decode), blocks(n_blocks);
+      for (int p = 0; p < prefill + decode; ++p) tokens[p] = (p * 7919 + 3) % cfg.vocab_size;
+      for (int i = 0; i < n_blocks; ++i) blocks[i] = i;
+      engine::Sampler greedy({});
+      engine::SampleSpec spec{&greedy};
+      auto step = [&](int begin, int end, int32_t first) {  // greedy: the last position's argmax
+        tokens[begin] = first;
+        engine::SeqChunk c{tokens, begin, end - begin, blocks, 1, &spec};
+        return runner.run({&c, 1}).tokens[0];
       };
       int32_t tok = step(0, prefill, 1);
       auto t0 = Clock::now();

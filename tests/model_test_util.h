@@ -1,10 +1,11 @@
 // Test helpers shared by the model-level tests: load a model folder on a backend, and run a
-// chunk of one sequence whose KV lives in blocks 0, 1, 2, ... of the cache.
+// chunk of one sequence whose KV lives in blocks 0, 1, 2, ... of the cache (through the runner).
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kiln/engine/model_runner.h"
 #include "kiln/model/model.h"
 
 namespace kiln::test {
@@ -26,22 +27,20 @@ inline std::unique_ptr<LoadedModel> load_model_dir(const std::string& dir, std::
   return l;
 }
 
-// Runs tokens [begin, end) of one sequence (slot = position; blocks 0..n_blocks-1 in order);
-// returns logits of every position when all_logits, else of the last one.
+// Runs tokens [begin, end) of one sequence through the engine's ModelRunner (KV in blocks 0, 1, 2,
+// ... of the cache, so slot = position); returns host logits f32 of every position when all_logits,
+// else of the last one.
 inline Tensor run_chunk(model::Model& m, model::KvCache& kv, const std::vector<int32_t>& tokens, int begin, int end,
                         bool all_logits) {
-  model::Batch b;
-  b.n_seqs = 1;
-  b.max_blocks = kv.n_blocks;
-  for (int i = 0; i < kv.n_blocks; ++i) b.block_tables.push_back(i);
-  for (int p = begin; p < end; ++p) {
-    b.tokens.push_back(tokens[p]);
-    b.positions.push_back(p);
-    b.token_seq.push_back(0);
-    b.slots.push_back(p);
-    if (all_logits || p == end - 1) b.logit_rows.push_back(p - begin);
-  }
-  return m.forward(b, kv);
+  std::vector<int32_t> blocks(kv.n_blocks);
+  for (int i = 0; i < kv.n_blocks; ++i) blocks[i] = i;
+  engine::SeqChunk c;
+  c.tokens = tokens;
+  c.start = begin;
+  c.n_tokens = end - begin;
+  c.blocks = blocks;
+  c.n_logits = all_logits ? c.n_tokens : 1;
+  return engine::ModelRunner(m, kv).logits({&c, 1});
 }
 
 }  // namespace kiln::test

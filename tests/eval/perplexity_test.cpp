@@ -94,17 +94,8 @@ TEST(EvalModel, SelfKlIsZeroAndBatchingDoesNotChangeLosses) {
     EXPECT_GT(a.nll[i], 0.0);
   }
   // Token 1 of row 0 from a one-token forward: -log softmax(logits)[row0[1]].
-  model::Batch bt;
-  bt.n_seqs = 1;
-  bt.max_blocks = 1;
-  bt.block_tables = {0};
-  bt.tokens = {rows[0][0]};
-  bt.positions = {0};
-  bt.token_seq = {0};
-  bt.slots = {0};
-  bt.logit_rows = {0};
   auto kv = model::KvCache::allocate(*l->be, l->cfg, 1, 4);
-  Tensor logits = l->m->forward(bt, kv);
+  Tensor logits = test::run_chunk(*l->m, kv, rows[0], 0, 1, false);
   std::vector<double> lp;
   eval::log_softmax(logits.ptr<float>(), l->cfg.vocab_size, lp);
   EXPECT_NEAR(a.nll[0], -lp[rows[0][1]], 1e-4);

@@ -20,6 +20,7 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/model/model.h"
 #include "kiln/quant/convert.h"
+#include "../model_test_util.h"
 #ifdef KILN_HAVE_CUDA
 #include "kiln/backend/cuda/cuda_backend.h"
 #endif
@@ -55,18 +56,7 @@ std::unique_ptr<Loaded> load(const std::string& dir, bool cuda) {
 
 // Logits [end - begin, vocab] (f32, host) of tokens [begin, end) of seq, one sequence.
 Tensor run_chunk(Loaded& l, const std::vector<int32_t>& seq, int begin, int end) {
-  model::Batch b;
-  b.n_seqs = 1;
-  b.max_blocks = l.kv.n_blocks;
-  for (int i = 0; i < l.kv.n_blocks; ++i) b.block_tables.push_back(i);
-  for (int p = begin; p < end; ++p) {
-    b.tokens.push_back(seq[p]);
-    b.positions.push_back(p);
-    b.token_seq.push_back(0);
-    b.slots.push_back(p);
-    b.logit_rows.push_back(p - begin);
-  }
-  return l.m->forward(b, l.kv);
+  return test::run_chunk(*l.m, l.kv, seq, begin, end, true);
 }
 
 std::pair<int32_t, int32_t> top2(const float* v, int n) {

@@ -43,19 +43,10 @@ std::unique_ptr<Loaded> load(const std::string& dir) { return test::load_model_d
 std::vector<float> run(Loaded& l) {
   auto kv = model::KvCache::allocate(*l.be, l.cfg, 8, 4);
   std::vector<float> all;
+  std::vector<int32_t> tokens(17);
+  for (int p = 0; p < 17; ++p) tokens[p] = (p * 37 + 5) % l.cfg.vocab_size;
   auto step = [&](int begin, int end) {
-    model::Batch b;
-    b.n_seqs = 1;
-    b.max_blocks = kv.n_blocks;
-    for (int i = 0; i < kv.n_blocks; ++i) b.block_tables.push_back(i);
-    for (int p = begin; p < end; ++p) {
-      b.tokens.push_back((p * 37 + 5) % l.cfg.vocab_size);
-      b.positions.push_back(p);
-      b.token_seq.push_back(0);
-      b.slots.push_back(p);
-      b.logit_rows.push_back(p - begin);
-    }
-    Tensor t = l.m->forward(b, kv);
+    Tensor t = test::run_chunk(*l.m, kv, tokens, begin, end, true);
     all.insert(all.end(), t.ptr<float>(), t.ptr<float>() + t.numel());
   };
   step(0, 16);

@@ -38,8 +38,8 @@ struct AttnParams {
 
 enum class Activation { silu, gelu_tanh, gelu };
 
-// One layer of a Llama-style pre-norm decoder, by reference (Backend::decoder_stack): the weights
-// stay owned by the model, the caches by the KV cache.
+// One layer of a Llama-style pre-norm decoder, by reference (FusedDecoder::run): the weights stay
+// owned by the model, the caches by the KV cache.
 struct DecoderLayerRef {
   const Tensor* attn_norm = nullptr;  // [dim]
   const Tensor* mlp_norm = nullptr;
@@ -57,6 +57,28 @@ struct DecoderStackArgs {
   Tensor inv_freq;  // f32 [head_dim / 2]
   float attn_factor = 1.0f;
   Tensor positions, slots, block_tables, token_seq;  // the step's inputs (one token)
+};
+
+// An optional device fast path (Backend::fused_decoder; CUDA: the persistent 4-bit decoder kernel):
+// every layer of a one-token decode step in one go. x [1, dim], the residual after the embedding,
+// becomes the residual after the last layer (its MLP output added). Per layer: x += o(attention(
+// rope_kv_write(q, k, v of rms_norm(x, attn_norm)))), then x += gated_mlp(rms_norm(x, mlp_norm)) —
+// the values of those ops up to summation order. run() returns false (nothing done) for layers or
+// shapes it does not cover; the model then runs the layers op by op.
+class FusedDecoder {
+ public:
+  virtual ~FusedDecoder() = default;
+  virtual bool run(const DecoderStackArgs& a, Tensor& x) = 0;
+};
+
+// What a backend is good at, as data (the engine and the runner read it; nothing tests the device).
+struct Caps {
+  // Decode steps replay as device graphs keyed by the batch's shape: the runner pads decode batches
+  // to a few buckets and block tables to powers of two so that few graphs are captured.
+  bool graphs = false;
+  // Logits live off the host: greedy ids (argmax_rows) and sampled ids (sample_rows) computed where
+  // the logits are save a [rows, vocab] download.
+  bool device_sampling = false;
 };
 
 // One MoE expert's gated MLP, by reference (the weights stay owned by the model):
@@ -91,6 +113,9 @@ class Backend {
   virtual Device device() const = 0;
   // The dtype activations are computed in (f32 on the CPU, bf16 on CUDA).
   virtual DType act_dtype() const = 0;
+  virtual Caps caps() const { return {}; }
+  // The backend's fused decoder fast path, or null where it has none (the CPU).
+  virtual FusedDecoder* fused_decoder() { return nullptr; }
 
   // ---- buffers
   virtual Tensor alloc(DType t, Shape s) = 0;                // uninitialized device memory
@@ -170,13 +195,6 @@ class Backend {
   // [n, ffn] buffers, gated_act into the gate buffer, matmul down (gate/up [ffn, dim], down [dim, ffn]).
   virtual void gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
                          Tensor& out);
-  // Every layer of a one-token decode step in one go, where the backend has such a path: x [1, dim]
-  // the residual after the embedding becomes the residual after the last layer (its MLP output
-  // added). Per layer: x += o(attention(rope_kv_write(q, k, v of rms_norm(x, attn_norm)))), then
-  // x += gated_mlp(rms_norm(x, mlp_norm)) — the values of those ops up to summation order. Returns
-  // false (nothing done) where it cannot (the default); the model then runs the layers op by op.
-  virtual bool decoder_stack(const DecoderStackArgs& a, Tensor& x) { return false; }
-
   // ---- MoE (qwen3_moe, mixtral). The defaults are the host routing of the reference (they read
   // the router logits / expert ids back to the host); CUDA keeps decode-sized batches on the device.
   // Router: per token t, p = softmax(logits[t]) over the E experts (f32 or better), the top_k
@@ -199,11 +217,10 @@ class Backend {
   virtual void argmax_rows(const Tensor& x, Tensor& ids);
   // ids[r] = a token drawn from row r of logits (f32 [rows, vocab], adjusted in place by `adjust`)
   // under params[r]: the host Sampler's semantics (temperature, then top-k, min-p, top-p over the
-  // tokens ranked by logit; greedy when temperature <= 0), so only the ids leave the device.
+  // tokens ranked by logit; greedy when temperature <= 0; sample_row in sampling.h is the reference
+  // and the default here, on host-readable logits), so only the ids leave the device.
   virtual void sample_rows(Tensor& logits, const std::vector<SampleParams>& params,
-                           const std::vector<LogitAdjust>& adjust, Tensor& ids) {
-    fail(name(), "sample_rows: not implemented on this backend (sample on the host)");
-  }
+                           const std::vector<LogitAdjust>& adjust, Tensor& ids);
   // Free and total bytes of the device's memory; false for host backends (nothing to budget).
   virtual bool device_memory(size_t* free_bytes, size_t* total_bytes) const { return false; }
 };

@@ -12,6 +12,7 @@
 #include "kiln/cli/model_args.h"
 #include "kiln/cli/prompt_args.h"
 #include "kiln/engine/engine.h"
+#include "kiln/engine/kv_sizing.h"
 
 namespace kiln::cli {
 
@@ -43,10 +44,8 @@ std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::Loaded
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = 1;
   ec.block_size = 8;  // small blocks: more of the previous turn is reusable
-  const auto& c = m.config;
-  size_t per_token = 2ull * c.n_layers * c.n_kv_heads * c.head_dim * 4;
-  ec.n_blocks = (c.max_position_embeddings + ec.block_size - 1) / ec.block_size + 1;
-  ec.prompt_cache_bytes = per_token * ec.block_size * ec.n_blocks;  // room to keep a whole conversation
+  ec.n_blocks = (m.config.max_position_embeddings + ec.block_size - 1) / ec.block_size + 1;
+  ec.prompt_cache_bytes = engine::kv_bytes_per_block(*m.model, ec.block_size) * ec.n_blocks;  // a whole conversation
   o.model.apply_to(ec);  // --kv-cache-bytes replaces the count above; the GPU budget caps it
   return std::make_unique<engine::Engine>(*m.model, ec);
 }

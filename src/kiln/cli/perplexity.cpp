@@ -73,7 +73,7 @@ void run_perplexity(const PerplexityArgs& a) {
     backend::Backend& be = m->model->backend();
     const size_t act = dtype_size(be.act_dtype());
     engine::KvPoolRequest r;
-    r.bytes_per_block = engine::kv_bytes_per_block(m->config, 16, act);
+    r.bytes_per_block = engine::kv_bytes_per_block(*m->model, 16);
     r.kv_cache_bytes = a.model.kv_cache_bytes;
     r.gpu_memory_utilization = a.model.gpu_memory_utilization;
     if (be.device_memory(&r.device_free, &r.device_total))

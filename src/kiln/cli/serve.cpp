@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <xxhash.h>
 
 #include "kiln/base/json.h"
 #include "kiln/base/log.h"
@@ -61,10 +60,6 @@ void run_serve(ServeArgs& a) {
   ec.scheduler.max_batch_tokens = a.max_batch_tokens;
   a.model.apply_to(ec);  // --kv-cache-bytes, --gpu-memory-utilization
   ec.prompt_cache_bytes = a.prompt_cache_bytes;
-  // The prefix cache's key: the model's identity (its path and config), so no cache is ever
-  // matched against another model's tokens.
-  std::string identity = m->path + "\n" + m->config.model_type + "\n" + std::to_string(m->config.vocab_size);
-  ec.model_key = XXH3_64bits(identity.data(), identity.size());
   engine::Engine eng(*m->model, ec);
   engine::EngineThread et(eng);
 

@@ -51,21 +51,20 @@ bool BlockManager::ensure(std::vector<int32_t>& blocks, int64_t n_tokens) {
   return true;
 }
 
-void BlockManager::release(std::vector<int32_t>& blocks) {
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-    Info& in = info_[*it];
-    KILN_ASSERT(in.ref > 0);
-    if (--in.ref > 0) continue;  // still shared with another sequence
-    if (in.hashed && prefix_caching()) {
-      lru_.push_back(*it);
-      in.lru = std::prev(lru_.end());
-    } else {
-      unhash(*it);
-      free_.push_back(*it);
-    }
+void BlockManager::drop_ref(int32_t b, bool forget) {
+  Info& in = info_[b];
+  KILN_ASSERT(in.ref > 0);
+  if (--in.ref > 0) return;  // still shared with another sequence
+  if (in.hashed && prefix_caching() && !forget) {
+    lru_.push_back(b);
+    in.lru = std::prev(lru_.end());
+  } else {
+    unhash(b);
+    free_.push_back(b);
   }
-  blocks.clear();
-  // Keep the cache under its size: the least recently used cached blocks become empty ones.
+}
+
+void BlockManager::trim_cache() {
   while (static_cast<int>(lru_.size()) > cache_.max_cached_blocks) {
     int32_t b = lru_.front();
     lru_.pop_front();
@@ -73,6 +72,36 @@ void BlockManager::release(std::vector<int32_t>& blocks) {
     free_.push_back(b);
     ++evictions_;
   }
+}
+
+void BlockManager::release(std::vector<int32_t>& blocks) {
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) drop_ref(*it, false);
+  blocks.clear();
+  trim_cache();  // keep the cache under its size
+}
+
+int32_t BlockManager::truncate(std::vector<int32_t>& blocks, int64_t n_tokens, std::vector<uint64_t>& hashes,
+                               int& n_committed) {
+  const int keep = blocks_for(n_tokens), full = static_cast<int>(n_tokens / block_size_);
+  while (static_cast<int>(blocks.size()) > keep) {
+    drop_ref(blocks.back(), /*forget=*/info_[blocks.back()].ref == 1);
+    blocks.pop_back();
+  }
+  int32_t shared = -1;
+  if (keep > full && full < static_cast<int>(blocks.size())) {  // the partly kept block
+    int32_t& b = blocks[full];
+    if (info_[b].ref > 1) {
+      if (n_free() == 0) fail("engine", "rollback: no free KV block to copy a shared block into; raise the KV cache size");
+      shared = b;
+      drop_ref(b, false);
+      b = take_block();
+    } else {
+      unhash(b);
+    }
+  }
+  hashes.resize(std::min<size_t>(hashes.size(), full));
+  n_committed = std::min(n_committed, full);
+  return shared;
 }
 
 uint64_t BlockManager::chain_hash(std::span<const int32_t> tokens, std::vector<uint64_t>& hashes, int i) const {

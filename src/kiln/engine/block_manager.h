@@ -36,6 +36,13 @@ class BlockManager {
   // Drops one reference on every block in `blocks` (last first, so a chain's head is evicted last)
   // and clears it. Blocks nobody references go back to the pool; hashed ones stay cached.
   void release(std::vector<int32_t>& blocks);
+  // Cuts `blocks` to hold n_tokens (a roll-back): the blocks past them are released and leave the
+  // prefix cache where only this sequence held them (their tokens were rolled back). The block that
+  // keeps part of its tokens (n_tokens % block_size rows) leaves the prefix cache too, since its
+  // later rows will be rewritten; if another sequence shares it, it is replaced by a fresh block
+  // and the shared one is returned for the caller to copy into the new one (else -1). `hashes` and
+  // `n_committed` (the caller's memos) are cut to the blocks still full.
+  int32_t truncate(std::vector<int32_t>& blocks, int64_t n_tokens, std::vector<uint64_t>& hashes, int& n_committed);
 
   // Prefix cache. `hashes` is the caller's memo of the chain hashes of its full blocks
   // (hashes[i] covers tokens [0, (i+1) * block_size)); these calls extend it as needed.
@@ -62,6 +69,9 @@ class BlockManager {
   };
   uint64_t chain_hash(std::span<const int32_t> tokens, std::vector<uint64_t>& hashes, int i) const;
   int32_t take_block();   // an empty block, or the LRU cached one evicted; requires n_free() > 0
+  // Drops one reference; an unreferenced block is cached (hashed, unless `forget`) or freed.
+  void drop_ref(int32_t b, bool forget);
+  void trim_cache();      // the least recently used cached blocks past the cache's size become free
   void unhash(int32_t b);
 
   int n_blocks_, block_size_;

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "kiln/engine/block_manager.h"
+#include "kiln/engine/model_runner.h"
 #include "kiln/engine/scheduler.h"
 #include "kiln/model/model.h"
 
@@ -19,16 +20,15 @@ struct EngineConfig {
   // Prefix cache: KV kept for reuse after requests end, in extra blocks beside the ones above
   // (at most 4x as many). 0 turns it off.
   size_t prompt_cache_bytes = 0;
-  uint64_t model_key = 0;    // seeds the prefix cache's hash chain (see BlockManager)
-  // GPU: sequences without logprobs sample on the device (only token ids are downloaded); false
-  // keeps every sampled step on the host Sampler.
+  uint64_t model_key = 0;    // seeds the prefix cache's hash chain (see BlockManager); 0: model_identity()
+  // Sequences without logprobs sample on the device where the backend can (RunnerConfig).
   bool device_sampling = true;
   // GPU: the fraction of the device's total memory the process may use (weights, activations
   // and the KV pool, which is capped to fit); 0 = no device budget. kv_cache_bytes overrides it.
   double gpu_memory_utilization = 0.0;
-  // Decode-only batches padded to a bucket (1, 2, 4, then multiples of 8) with inert rows, so CUDA
-  // graphs are captured per bucket rather than per batch size. Default: on the GPU only.
-  enum class PadDecode { automatic, on, off } pad_decode = PadDecode::automatic;
+  // Decode-only batches padded to graph buckets (RunnerConfig). Default: where the backend has graphs.
+  using PadDecode = RunnerConfig::PadDecode;
+  PadDecode pad_decode = PadDecode::automatic;
 };
 
 struct EngineStats {
@@ -47,6 +47,9 @@ class Engine {
   // Ends every request with an `error` event carrying `message` (after a failed forward).
   void abort_all(const std::string& message);
   bool has_work() const { return !scheduler_.empty(); }
+  // Drops the last k generated tokens of a request (ModelRunner::rollback): generation goes on from
+  // the token before them, and the prefix cache never serves their K/V.
+  void rollback(int64_t id, int k);
   // Runs one batched forward; returns the number of tokens it computed.
   int step();
 
@@ -63,6 +66,7 @@ class Engine {
   EngineConfig cfg_;
   BlockManager blocks_;
   model::KvCache cache_;
+  ModelRunner runner_;
   Scheduler scheduler_;
   std::map<int64_t, std::unique_ptr<Sequence>> seqs_;
   int64_t next_id_ = 1;

@@ -84,6 +84,10 @@ size_t kv_bytes_per_block(const model::ModelConfig& c, int block_size, size_t el
          static_cast<size_t>(c.head_dim) * elem_bytes;
 }
 
+size_t kv_bytes_per_block(const model::Model& m, int block_size) {
+  return kv_bytes_per_block(m.config(), block_size, dtype_size(m.backend().act_dtype()));
+}
+
 size_t activation_reserve_bytes(const model::ModelConfig& c, int max_batch_tokens, size_t act_bytes) {
   const size_t n = static_cast<size_t>(std::max(1, max_batch_tokens));
   const size_t q = static_cast<size_t>(c.n_heads) * c.head_dim, kv = static_cast<size_t>(c.n_kv_heads) * c.head_dim;

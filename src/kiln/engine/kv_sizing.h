@@ -5,7 +5,7 @@
 #pragma once
 #include <cstddef>
 
-#include "kiln/model/config.h"
+#include "kiln/model/model.h"
 
 namespace kiln::engine {
 
@@ -41,6 +41,8 @@ int rows_that_fit(KvPoolRequest r, int blocks_per_row, int wanted_rows);
 
 // Bytes of one KV block: 2 (K and V) x n_layers x block_size x n_kv_heads x head_dim x elem_bytes.
 size_t kv_bytes_per_block(const model::ModelConfig& c, int block_size, size_t elem_bytes);
+// The same for a loaded model: its cache holds K/V in its backend's activation dtype.
+size_t kv_bytes_per_block(const model::Model& m, int block_size);
 
 // An upper estimate of the per-step device buffers of a step of max_batch_tokens tokens: the
 // residual stream and layer temporaries (q, k, v, attention output, gate/up, MoE expert rows),

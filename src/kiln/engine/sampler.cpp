@@ -1,5 +1,5 @@
-// Sampler. Filters run on (logit, id) pairs sorted once by logit; probabilities come from a
-// max-subtracted softmax at the given temperature.
+// Sampler: the logit processors (bias, penalties) here, then the reference filters and draw
+// (backend/sampling.h), with the sequence's own generator.
 #include "kiln/engine/sampler.h"
 
 #include <algorithm>
@@ -7,17 +7,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kiln/backend/sampling.h"
+
 namespace kiln::engine {
 
 Sampler::Sampler(SamplingParams p) : params_(std::move(p)) {
   rng_.seed(params_.seed ? *params_.seed : std::random_device{}());
-}
-
-int32_t argmax(std::span<const float> v) {
-  int32_t best = 0;
-  for (size_t i = 1; i < v.size(); ++i)
-    if (v[i] > v[best]) best = static_cast<int32_t>(i);
-  return best;
 }
 
 float log_softmax_at(std::span<const float> logits, int32_t token, int n_top, std::vector<TokenLogprob>* top) {
@@ -60,51 +55,7 @@ void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span
 
 int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> context, std::span<const int32_t> generated) {
   apply_penalties(params_, logits, context, generated);
-  if (params_.temperature <= 0.0f) return argmax(logits);
-
-  // Candidates sorted by logit, descending; top-k truncates first (as HF's warper order).
-  auto& c = scratch_;
-  c.clear();
-  for (size_t i = 0; i < logits.size(); ++i)
-    if (std::isfinite(logits[i]) || logits[i] > 0) c.emplace_back(logits[i], static_cast<int32_t>(i));
-  if (c.empty()) return argmax(logits);
-  size_t k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, c.size()) : c.size();
-  std::partial_sort(c.begin(), c.begin() + k, c.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-  c.resize(k);
-
-  // Softmax at the temperature.
-  const float inv_t = 1.0f / params_.temperature, m = c[0].first;
-  std::vector<double> prob(c.size());
-  double sum = 0;
-  for (size_t i = 0; i < c.size(); ++i) sum += prob[i] = std::exp(static_cast<double>((c[i].first - m) * inv_t));
-  for (auto& q : prob) q /= sum;
-
-  // min-p: relative to the most likely token.
-  size_t keep = c.size();
-  if (params_.min_p > 0.0f) {
-    double floor = params_.min_p * prob[0];
-    size_t j = 1;
-    while (j < keep && prob[j] >= floor) ++j;
-    keep = j;
-  }
-  // top-p: the smallest prefix whose mass reaches top_p.
-  if (params_.top_p < 1.0f) {
-    double acc = 0;
-    size_t j = 0;
-    while (j < keep) {
-      acc += prob[j++];
-      if (acc >= params_.top_p) break;
-    }
-    keep = std::max<size_t>(1, j);
-  }
-  double mass = 0;
-  for (size_t i = 0; i < keep; ++i) mass += prob[i];
-  double r = std::uniform_real_distribution<double>(0.0, mass)(rng_);
-  for (size_t i = 0; i < keep; ++i) {
-    r -= prob[i];
-    if (r <= 0) return c[i].second;
-  }
-  return c[keep - 1].second;
+  return backend::sample_row(logits, device_sample_params(params_, 0.0), [this] { return next_uniform(); }, scratch_);
 }
 
 backend::SampleParams device_sample_params(const SamplingParams& p, double uniform) {

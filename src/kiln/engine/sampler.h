@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "kiln/backend/backend.h"
+#include "kiln/backend/sampling.h"
 
 namespace kiln::engine {
 
@@ -62,6 +62,6 @@ float log_softmax_at(std::span<const float> logits, int32_t token, int n_top, st
 void apply_penalties(const SamplingParams& p, std::span<float> logits, std::span<const int32_t> context,
                      std::span<const int32_t> generated);
 // Index of the largest value (the first one on ties, as torch.argmax).
-int32_t argmax(std::span<const float> v);
+using backend::argmax;
 
 }  // namespace kiln::engine

@@ -1,6 +1,6 @@
 // Perplexity / KL evaluation (perplexity.h). A batch of rows runs as one ragged forward over the
-// paged KV cache (each row its own sequence, logits for every position), so it uses the same model
-// path as generation. Shapes: logits [n_rows_in_batch * (seq_len - 1), vocab] f32 on the host.
+// paged KV cache (each row its own sequence, logits for every position) through the engine's
+// ModelRunner, the same path as generation. Shapes: logits [n_rows_in_batch * (seq_len - 1), vocab] f32 on the host.
 #include "kiln/eval/perplexity.h"
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <random>
 
 #include "kiln/base/error.h"
+#include "kiln/engine/model_runner.h"
 
 namespace kiln::eval {
 
@@ -40,20 +41,15 @@ Tensor forward_rows(model::Model& m, const std::vector<std::vector<int32_t>>& ro
   const int n_seqs = static_cast<int>(e - b);
   const int blocks_per_seq = (len + kBlockSize - 1) / kBlockSize;
   model::KvCache cache = model::KvCache::allocate(m.backend(), m.config(), n_seqs * blocks_per_seq, kBlockSize);
-  model::Batch batch;
-  batch.n_seqs = n_seqs;
-  batch.max_blocks = blocks_per_seq;
+  std::vector<int32_t> tables(static_cast<size_t>(n_seqs) * blocks_per_seq);
+  std::iota(tables.begin(), tables.end(), 0);  // row s holds blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq)
+  std::vector<engine::SeqChunk> chunks(n_seqs);
   for (int s = 0; s < n_seqs; ++s) {
-    for (int j = 0; j < blocks_per_seq; ++j) batch.block_tables.push_back(s * blocks_per_seq + j);
-    for (int p = 0; p < len; ++p) {
-      batch.tokens.push_back(rows[b + s][p]);
-      batch.positions.push_back(p);
-      batch.token_seq.push_back(s);
-      batch.slots.push_back((s * blocks_per_seq + p / kBlockSize) * kBlockSize + p % kBlockSize);
-      batch.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size() - 1));
-    }
+    chunks[s].tokens = std::span<const int32_t>(rows[b + s]).first(len);
+    chunks[s].n_tokens = chunks[s].n_logits = len;
+    chunks[s].blocks = std::span<const int32_t>(tables).subspan(static_cast<size_t>(s) * blocks_per_seq, blocks_per_seq);
   }
-  return m.forward(batch, cache);
+  return engine::ModelRunner(m, cache).logits(chunks);
 }
 
 }  // namespace

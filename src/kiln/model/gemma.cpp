@@ -23,7 +23,7 @@ struct GemmaLayer {
   AttentionWeights attn;
   MlpWeights mlp;
   int window = 0;
-  int rope = 0;  // index into ropes_ (gemma3 local/global)
+  int rope = 0;  // index into rope_configs() and StepInputs::ropes (gemma3 local/global)
 };
 
 class Gemma final : public Model {
@@ -52,7 +52,7 @@ class Gemma final : public Model {
       L.attn = load_attention(ws, p + "self_attn.", c);
       L.mlp = load_mlp(ws, p + "mlp.", c);
       L.window = c.layer_is_sliding(i) ? c.sliding_window : 0;
-      const RopeConfig* r = &c.rope_for_layer(i);
+      const RopeConfig* r = &config_.rope_for_layer(i);  // config_, which lives as long as the model
       auto it = std::find(rope_cfgs_.begin(), rope_cfgs_.end(), r);
       L.rope = static_cast<int>(it - rope_cfgs_.begin());
       if (it == rope_cfgs_.end()) rope_cfgs_.push_back(r);
@@ -60,16 +60,12 @@ class Gemma final : public Model {
     }
   }
 
-  Tensor forward(const Batch& batch, KvCache& cache) override {
+  Tensor forward(const StepInputs& in, KvCache& cache) override {
     backend::Backend& be = *backend_;
     const ModelConfig& c = config_;
-    backend::StepScope step(be);  // per-step buffers (CUDA: the arena; nothing allocated when warm)
-    StepInputs in = upload_step(be, batch);
     const int64_t n = in.n_tokens;
     const DType t = be.act_dtype();
-    std::vector<DeviceRope> ropes;
-    for (const RopeConfig* r : rope_cfgs_) ropes.push_back(upload_rope(be, *r, c, in.max_position + 1));
-    const bool graphed = begin_step_graph(be, in, batch, cache);
+    const std::vector<DeviceRope>& ropes = in.ropes;
 
     Tensor x = be.alloc(t, {n, c.dim});  // [n_tokens, dim] the residual stream
     Tensor h = be.alloc(t, {n, c.dim});
@@ -97,8 +93,7 @@ class Gemma final : public Model {
       mlp_block(be, L.mlp, act_, h, y);
       if (!L.post_mlp_norm.empty()) be.rms_norm(y, L.post_mlp_norm, eps, true, y);
     }
-    return output_logits(be, x, in, final_norm_, eps, true, head_, final_softcap_, batch, graphed,
-                         layers_.empty() ? nullptr : &y);
+    return output_logits(be, x, in, final_norm_, eps, true, head_, final_softcap_, layers_.empty() ? nullptr : &y);
   }
 
  private:
@@ -106,7 +101,6 @@ class Gemma final : public Model {
   backend::Weight embed_, head_;
   Tensor final_norm_;
   float embed_scale_ = 1, attn_scale_ = 1, attn_softcap_ = 0, final_softcap_ = 0;
-  std::vector<const RopeConfig*> rope_cfgs_;  // distinct RoPE configs (points into config_)
   std::vector<GemmaLayer> layers_;
 };
 

@@ -64,7 +64,18 @@ static Tensor upload_i32(backend::Backend& be, const std::vector<int32_t>& v) {
   return d;
 }
 
-StepInputs upload_step(backend::Backend& be, const Batch& b) {
+// The RoPE table of config r at seq_len, on the device. transformers keeps inv_freq as a buffer in
+// the checkpoint's dtype, so a bf16/f16 model rotates by rounded frequencies; round the same way to
+// match it (the difference is ~1e-4 of the logits).
+static DeviceRope upload_rope(backend::Backend& be, const RopeConfig& r, const ModelConfig& c, int seq_len) {
+  RopeTable t = rope_table(r, c.head_dim, c.max_position_embeddings, seq_len);
+  Tensor h = Tensor::host(DType::f32, {static_cast<int64_t>(t.inv_freq.size())});
+  for (size_t i = 0; i < t.inv_freq.size(); ++i) h.ptr<float>()[i] = round_to_model_dtype(t.inv_freq[i], c);
+  return {be.upload(h), t.attn_factor};
+}
+
+StepInputs upload_step(const Model& m, const Batch& b) {
+  backend::Backend& be = m.backend();
   StepInputs s;
   s.n_tokens = b.n_tokens();
   s.n_out = static_cast<int>(b.logit_rows.size());
@@ -77,37 +88,8 @@ StepInputs upload_step(backend::Backend& be, const Batch& b) {
   s.block_tables = upload_i32(be, b.block_tables);
   s.logit_rows = upload_i32(be, b.logit_rows);
   for (int p : b.positions) s.max_position = std::max(s.max_position, p);
+  for (const RopeConfig* r : m.rope_configs()) s.ropes.push_back(upload_rope(be, *r, m.config(), s.max_position + 1));
   return s;
-}
-
-bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b, const KvCache& cache) {
-  if (in.n_tokens == 0 || in.n_tokens != in.n_seqs) return false;  // prefill runs eagerly
-  uint64_t key = 0;
-  for (size_t l = 0; l < cache.k.size(); ++l)  // a new cache (another engine) must not replay old graphs
-    key = key * 1000003u + reinterpret_cast<uintptr_t>(cache.k[l].data) + 7 * reinterpret_cast<uintptr_t>(cache.v[l].data);
-  key = key * 1000003u + static_cast<uint64_t>(in.n_tokens);
-  key = key * 1000003u + static_cast<uint64_t>(in.n_out);
-  key = key * 1000003u + static_cast<uint64_t>(in.max_blocks);
-  key = key * 2u + (b.greedy_only ? 1u : 0u);
-  return be.begin_graph(key);
-}
-
-Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, bool graphed) {
-  if (!b.sample_params.empty()) {  // device sampling: after the graph (its parameters change every step)
-    if (graphed) be.end_graph();
-    Tensor ids = be.alloc(DType::i32, {logits.dim(0)});  // [n_out]
-    Tensor l = logits;  // adjusted in place
-    be.sample_rows(l, b.sample_params, b.sample_adjust, ids);
-    return be.to_host(ids);
-  }
-  if (!b.greedy_only) {
-    if (graphed) be.end_graph();
-    return be.to_host(logits);
-  }
-  Tensor ids = be.alloc(DType::i32, {logits.dim(0)});  // [n_out]
-  be.argmax_rows(logits, ids);
-  if (graphed) be.end_graph();
-  return be.to_host(ids);
 }
 
 backend::AttnParams attn_params(const ModelConfig& c, const AttentionOptions& o, int block_size, int max_blocks) {
@@ -218,8 +200,7 @@ MlpWeights load_mlp(const io::WeightSet& ws, const std::string& p, const ModelCo
 }
 
 Tensor output_logits(backend::Backend& be, Tensor& x, const StepInputs& in, const Tensor& final_norm, float eps,
-                     bool one_plus_w, const backend::Weight& head, float softcap, const Batch& b, bool graphed,
-                     const Tensor* pending) {
+                     bool one_plus_w, const backend::Weight& head, float softcap, const Tensor* pending) {
   Tensor last = be.alloc(be.act_dtype(), {in.n_out, x.dim(1)});  // [n_out, dim]
   if (pending) {
     // x += pending and the norm in one op over all rows; the norm is per row, so gathering the
@@ -234,7 +215,7 @@ Tensor output_logits(backend::Backend& be, Tensor& x, const StepInputs& in, cons
   Tensor logits = be.alloc(DType::f32, {in.n_out, head.out_features()});  // [n_out, vocab] f32 on every backend
   be.matmul(last, head, logits);
   if (softcap > 0) be.softcap(logits, softcap);
-  return finish_step(be, logits, b, graphed);
+  return logits;
 }
 
 backend::Activation activation_from_name(const std::string& name, const std::string& where) {
@@ -242,15 +223,6 @@ backend::Activation activation_from_name(const std::string& name, const std::str
   if (name == "gelu_pytorch_tanh" || name == "gelu_new" || name == "gelu_fast") return backend::Activation::gelu_tanh;
   if (name == "gelu") return backend::Activation::gelu;
   fail("config", "{}: unsupported activation \"{}\" (supported: silu, gelu, gelu_pytorch_tanh)", where, name);
-}
-
-DeviceRope upload_rope(backend::Backend& be, const RopeConfig& r, const ModelConfig& c, int seq_len) {
-  RopeTable t = rope_table(r, c.head_dim, c.max_position_embeddings, seq_len);
-  Tensor h = Tensor::host(DType::f32, {static_cast<int64_t>(t.inv_freq.size())});
-  // transformers keeps inv_freq as a buffer in the checkpoint's dtype, so a bf16/f16 model rotates
-  // by rounded frequencies; round the same way to match it (the difference is ~1e-4 of the logits).
-  for (size_t i = 0; i < t.inv_freq.size(); ++i) h.ptr<float>()[i] = round_to_model_dtype(t.inv_freq[i], c);
-  return {be.upload(h), t.attn_factor};
 }
 
 KvCache KvCache::allocate(backend::Backend& be, const ModelConfig& c, int n_blocks, int block_size) {

@@ -19,30 +19,13 @@ backend::Weight load_embedding(const io::WeightSet& w, const ModelConfig& c);
 // A norm or other plain vector weight; `required` false returns an empty tensor when absent.
 Tensor load_vector(const io::WeightSet& w, const std::string& name, bool required = true);
 
-// The batch on the device, uploaded once per forward.
-struct StepInputs {
-  Tensor tokens, positions, token_seq, slots, block_tables, logit_rows;  // i32
-  int n_tokens = 0, n_out = 0, n_seqs = 0, max_blocks = 0, max_position = 0;
-};
-StepInputs upload_step(backend::Backend& be, const Batch& b);
-
-// Decode-only steps (one token per sequence) may be recorded once and replayed as a device graph
-// (CUDA graphs; a no-op on the CPU): returns true when the ops up to finish_step() are graphed.
-// The key names the step's shapes and the KV cache's buffers (a graph records their addresses);
-// the inputs uploaded by upload_step may change freely.
-bool begin_step_graph(backend::Backend& be, const StepInputs& in, const Batch& b, const KvCache& cache);
-// The end of a forward: logits f32 [n_out, vocab] on the device -> the host result (the logits, or
-// the argmax ids when b.greedy_only), closing the graph begun by begin_step_graph.
-Tensor finish_step(backend::Backend& be, const Tensor& logits, const Batch& b, bool graphed);
-
 // The output head shared by the families: only the rows that need logits (in.logit_rows) of the
 // residual stream x [n_tokens, dim] go through the final norm ((1 + w) when one_plus_w) and the
-// head into f32 logits [n_out, vocab], softcapped when softcap > 0; then finish_step().
+// head into f32 logits [n_out, vocab] on the device, softcapped when softcap > 0.
 // `pending` (optional, [n_tokens, dim]): the last block's output, not yet added to x; the add is
 // done here, fused with the final norm (add_rms_norm over every row, then the gather).
 Tensor output_logits(backend::Backend& be, Tensor& x, const StepInputs& in, const Tensor& final_norm, float eps,
-                     bool one_plus_w, const backend::Weight& head, float softcap, const Batch& b, bool graphed,
-                     const Tensor* pending = nullptr);
+                     bool one_plus_w, const backend::Weight& head, float softcap, const Tensor* pending = nullptr);
 
 struct AttentionWeights {
   backend::Weight q, k, v, o;
@@ -84,12 +67,5 @@ void mlp_block(backend::Backend& be, const MlpWeights& w, backend::Activation ac
 float round_to_model_dtype(float v, const ModelConfig& c);
 
 backend::Activation activation_from_name(const std::string& name, const std::string& where);
-
-// The RoPE table for a layer's config, uploaded to the device.
-struct DeviceRope {
-  Tensor inv_freq;
-  float attn_factor = 1.0f;
-};
-DeviceRope upload_rope(backend::Backend& be, const RopeConfig& r, const ModelConfig& c, int seq_len);
 
 }  // namespace kiln::model

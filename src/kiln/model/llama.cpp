@@ -29,6 +29,7 @@ struct LlamaLayer {
 class Llama final : public Model {
  public:
   Llama(const ModelConfig& c, const io::WeightSet& ws, backend::Backend& be) : Model(c, be) {
+    rope_cfgs_ = {&config_.rope};
     act_ = activation_from_name(c.hidden_act, "config.json");
     embed_ = load_embedding(ws, c);
     final_norm_ = load_vector(ws, "model.norm.weight");
@@ -49,17 +50,12 @@ class Llama final : public Model {
     }
   }
 
-  Tensor forward(const Batch& batch, KvCache& cache) override {
+  Tensor forward(const StepInputs& in, KvCache& cache) override {
     backend::Backend& be = *backend_;
     const ModelConfig& c = config_;
-    backend::StepScope step(be);  // per-step buffers (CUDA: the arena; nothing allocated when warm)
-    StepInputs in = upload_step(be, batch);
     const int64_t n = in.n_tokens;
     const DType t = be.act_dtype();
-    DeviceRope rope = upload_rope(be, c.rope, c, in.max_position + 1);
-    // A MoE layer whose routing would go through the host (CPU-style defaults, quantized experts,
-    // too many tokens) syncs mid-step: such steps run eagerly; prefill is eager anyway.
-    const bool graphed = moe_on_device(be, n) && begin_step_graph(be, in, batch, cache);
+    const DeviceRope& rope = in.ropes[0];
 
     Tensor x = be.alloc(t, {n, c.dim});    // [n_tokens, dim] the residual stream
     Tensor h = be.alloc(t, {n, c.dim});    // normed input of a block
@@ -85,8 +81,7 @@ class Llama final : public Model {
       if (L.moe) moe_block(be, *L.moe, act_, h, y);
       else mlp_block(be, L.mlp, act_, h, y);
     }
-    return output_logits(be, x, in, final_norm_, eps, false, head_, 0.0f, batch, graphed,
-                         stacked || layers_.empty() ? nullptr : &y);
+    return output_logits(be, x, in, final_norm_, eps, false, head_, 0.0f, stacked || layers_.empty() ? nullptr : &y);
   }
 
  private:
@@ -96,11 +91,12 @@ class Llama final : public Model {
   std::vector<LlamaLayer> layers_;
   bool has_moe_ = false;
 
-  // Backend::decoder_stack over every layer (dense layers without per-head q/k norms); false
-  // where the backend has no such path for them (nothing done).
+  // The backend's fused decoder over every layer (dense layers without per-head q/k norms); false
+  // where the backend has none or it does not cover these layers (nothing done).
   bool run_stack(backend::Backend& be, const ModelConfig& c, const AttentionOptions& ao, const DeviceRope& rope,
                  const StepInputs& in, KvCache& cache, Tensor& x) const {
-    if (has_moe_ || layers_.empty()) return false;
+    backend::FusedDecoder* fused = be.fused_decoder();
+    if (!fused || has_moe_ || layers_.empty()) return false;
     std::vector<backend::DecoderLayerRef> refs;
     refs.reserve(layers_.size());
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -120,14 +116,14 @@ class Llama final : public Model {
     a.slots = in.slots;
     a.block_tables = in.block_tables;
     a.token_seq = in.token_seq;
-    return be.decoder_stack(a, x);
+    return fused->run(a, x);
   }
 
   // True when every MoE layer runs n tokens on the device (Backend::moe_on_device); dense models: true.
-  bool moe_on_device(const backend::Backend& be, int64_t n) const {
+  bool graph_safe(int64_t n) const override {
     if (!has_moe_) return true;
     for (const LlamaLayer& L : layers_)
-      if (L.moe && !moe_block_on_device(be, *L.moe, n)) return false;
+      if (L.moe && !moe_block_on_device(*backend_, *L.moe, n)) return false;
     return true;
   }
 };

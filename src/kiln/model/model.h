@@ -13,25 +13,30 @@
 
 namespace kiln::model {
 
-// One step's work, on the host. The runner fills it; the model uploads it.
+// One step's work, on the host. The runner (engine/model_runner.h) fills it and uploads it.
 struct Batch {
   std::vector<int32_t> tokens;        // [n_tokens] flattened over sequences
   std::vector<int32_t> positions;     // [n_tokens] absolute position within its sequence
   std::vector<int32_t> token_seq;     // [n_tokens] index of its sequence in this batch
-  std::vector<int32_t> slots;         // [n_tokens] KV row: block * block_size + offset
+  std::vector<int32_t> slots;         // [n_tokens] KV row: block * block_size + offset (-1: not written)
   std::vector<int32_t> block_tables;  // [n_seqs * max_blocks] physical block ids (unused: 0)
   int n_seqs = 0;
   int max_blocks = 0;
   std::vector<int32_t> logit_rows;    // [n_out] indices into tokens whose logits are returned
-  // The caller only needs each row's argmax (greedy sampling): forward then returns i32 [n_out]
-  // token ids instead of f32 logits, computed on the device (the GPU path: no logits download).
-  bool greedy_only = false;
-  // Non-empty (one per logit row): sample on the device (Backend::sample_rows) with these
-  // parameters and logit adjustments; forward then returns the drawn ids i32 [n_out].
-  std::vector<backend::SampleParams> sample_params;
-  std::vector<backend::LogitAdjust> sample_adjust;
-  bool returns_ids() const { return greedy_only || !sample_params.empty(); }
   int n_tokens() const { return static_cast<int>(tokens.size()); }
+};
+
+// The RoPE table of one RoPE config, on the device.
+struct DeviceRope {
+  Tensor inv_freq;  // f32 [rotary_dim / 2]
+  float attn_factor = 1.0f;
+};
+
+// The batch on the device (upload_step), what Model::forward reads.
+struct StepInputs {
+  Tensor tokens, positions, token_seq, slots, block_tables, logit_rows;  // i32, as in Batch
+  int n_tokens = 0, n_out = 0, n_seqs = 0, max_blocks = 0, max_position = 0;
+  std::vector<DeviceRope> ropes;  // [model.rope_configs().size()] at the step's longest sequence
 };
 
 // The paged KV cache storage: per layer K and V [n_blocks, block_size, n_kv_heads * head_dim].
@@ -47,15 +52,26 @@ class Model {
   virtual ~Model() = default;
   const ModelConfig& config() const { return config_; }
   backend::Backend& backend() const { return *backend_; }
-  // Runs the batch; returns logits f32 [batch.logit_rows.size(), vocab_size] on the host (every
-  // backend), or with batch.greedy_only the argmax ids i32 [batch.logit_rows.size()].
-  virtual Tensor forward(const Batch& batch, KvCache& cache) = 0;
+  // The math of one step: K/V of every input token written into `cache`, and the logits of the
+  // rows in.logit_rows returned, f32 [in.n_out, vocab_size] on the backend's device. Buffers,
+  // graphs and sampling are the runner's (engine/model_runner.h).
+  virtual Tensor forward(const StepInputs& in, KvCache& cache) = 0;
+  // Whether a step of n_tokens runs without reading anything back to the host mid-forward (MoE
+  // routing on the host does), so that it may be captured as a device graph.
+  virtual bool graph_safe(int64_t n_tokens) const { return true; }
+  // The distinct RoPE configs the layers use; StepInputs::ropes holds their tables in this order.
+  const std::vector<const RopeConfig*>& rope_configs() const { return rope_cfgs_; }
 
  protected:
   Model(ModelConfig c, backend::Backend& be) : config_(std::move(c)), backend_(&be) {}
   ModelConfig config_;
   backend::Backend* backend_;
+  std::vector<const RopeConfig*> rope_cfgs_;  // points into config_; the family fills it
 };
+
+// The batch on the device: its index arrays and the model's RoPE tables for the step's longest
+// sequence. Called before any op of the step (a graph never captures an upload).
+StepInputs upload_step(const Model& m, const Batch& b);
 
 using ModelFactory = std::function<std::unique_ptr<Model>(const ModelConfig&, const io::WeightSet&, backend::Backend&)>;
 

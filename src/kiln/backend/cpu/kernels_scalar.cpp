@@ -152,16 +152,18 @@ constexpr Kernels kScalar = [] {
 }();
 
 bool cpu_has(SimdLevel l) {
+  // The CPU's features first: kernels_X() runs code of its level's translation unit (its static
+  // table's initializer may use that level's instructions), so it is called only where they exist.
   switch (l) {
     case SimdLevel::scalar: return true;
     case SimdLevel::avx2:
-      return kernels_avx2() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+             kernels_avx2();
     case SimdLevel::avx512:
-      return kernels_avx512() && cpu_has(SimdLevel::avx2) && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+      return cpu_has(SimdLevel::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && kernels_avx512();
     case SimdLevel::avx512vnni:
-      return kernels_avx512vnni() && cpu_has(SimdLevel::avx512) && __builtin_cpu_supports("avx512vnni");
+      return cpu_has(SimdLevel::avx512) && __builtin_cpu_supports("avx512vnni") && kernels_avx512vnni();
   }
   return false;
 }

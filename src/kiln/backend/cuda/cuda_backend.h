@@ -32,6 +32,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::cuda; }
   DType act_dtype() const override { return DType::bf16; }
+  Caps caps() const override { return {.graphs = true, .device_sampling = true}; }
+  FusedDecoder* fused_decoder() override;
 
   Tensor alloc(DType t, Shape s) override;
   Tensor upload(const Tensor& host) override;
@@ -74,8 +76,9 @@ class CudaBackend final : public Backend {
   // One token through every layer in one persistent launch (cuda_qops.cpp, qdecoder.cu) when all
   // seven matrices of every layer are 4-bit of one group size and the shapes fit the kernel
   // (q4_decoder_fits), set_fused_decoder is on (the default) and this is the process's only
-  // CudaBackend (a persistent kernel waits at grid barriers for all of its blocks).
-  bool decoder_stack(const DecoderStackArgs& a, Tensor& x) override;
+  // CudaBackend (a persistent kernel waits at grid barriers for all of its blocks). fused_decoder()
+  // hands it out as the FusedDecoder hook.
+  bool decoder_stack(const DecoderStackArgs& a, Tensor& x);
   // Device sampling (cuda_sampling.cpp, kernels in sampling.cu).
   void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
                    Tensor& ids) override;
@@ -114,6 +117,7 @@ class CudaBackend final : public Backend {
   // Per MoE layer: whether its experts take the device path, and their device pointer table
   // (built at first use). shared_ptr: its type is complete only in cuda_moe_ops.cpp.
   mutable std::shared_ptr<MoeCache> moe_;
+  std::unique_ptr<FusedDecoder> fused_decoder_;  // made at first ask
 };
 
 }  // namespace kiln::backend::cuda

@@ -74,6 +74,23 @@ bool CudaBackend::decoder_stack(const DecoderStackArgs& a, Tensor& x) {
   return fused_enabled() && quantized_decoder_stack(*this, *impl_, a, x);
 }
 
+namespace {
+// The FusedDecoder hook of a CudaBackend (its decoder_stack).
+class CudaFusedDecoder final : public FusedDecoder {
+ public:
+  explicit CudaFusedDecoder(CudaBackend& be) : be_(be) {}
+  bool run(const DecoderStackArgs& a, Tensor& x) override { return be_.decoder_stack(a, x); }
+
+ private:
+  CudaBackend& be_;
+};
+}  // namespace
+
+FusedDecoder* CudaBackend::fused_decoder() {
+  if (!fused_decoder_) fused_decoder_ = std::make_unique<CudaFusedDecoder>(*this);
+  return fused_decoder_.get();
+}
+
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
                                 float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
   q.sidecar.reset(), k.sidecar.reset();  // written here (TensorSidecar)

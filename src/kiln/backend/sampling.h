@@ -1,0 +1,31 @@
+// The reference of token sampling over one row of logits (the host Sampler and the CPU's
+// Backend::sample_rows use it; the CUDA sampler is tested against it): logit adjustments, then
+// temperature, top-k, min-p and top-p over the tokens ranked by logit, then one draw.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kiln/backend/backend.h"
+
+namespace kiln::backend {
+
+// Index of the largest value (the first one on ties, as torch.argmax).
+int32_t argmax(std::span<const float> v);
+
+// Applies one LogitAdjust to its row `logits` [vocab]: + bias, then the repetition penalty when
+// in_context (divide a positive logit, multiply a negative one), then - (presence + frequency *
+// n_generated) when n_generated > 0.
+void apply_adjust(const LogitAdjust& a, const SampleParams& p, std::span<float> logits);
+
+// A token from logits [vocab] (already adjusted) under p: argmax when temperature <= 0; else the
+// candidates sorted by logit (ties: lower id first), top-k, softmax at the temperature, min-p
+// relative to the most likely, the smallest top-p prefix, then r = uniform() * kept mass picks the
+// token. `uniform` is called once, only when a draw happens (so a generator advances as it would
+// on the host); `scratch` is reused between calls.
+int32_t sample_row(std::span<const float> logits, const SampleParams& p, const std::function<double()>& uniform,
+                   std::vector<std::pair<float, int32_t>>& scratch);
+
+}  // namespace kiln::backend

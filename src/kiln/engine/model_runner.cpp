@@ -1,0 +1,200 @@
+// ModelRunner: chunks -> ragged Batch (padded for graphs) -> upload -> [graph] forward + device
+// argmax -> download -> sampling. Which stage picks the tokens is decided per step from the
+// backend's caps() and what the chunks need back (logprobs and processors need host rows).
+#include "kiln/engine/model_runner.h"
+
+#include <algorithm>
+#include <bit>
+#include <unordered_map>
+
+#include "kiln/engine/sequence.h"
+
+namespace kiln::engine {
+
+namespace {
+
+// Where a step's tokens are chosen.
+enum class Pick {
+  host,           // logits rows come back; the host Sampler draws (after the processors)
+  device_argmax,  // every sampled chunk is plain greedy: argmax on the device, inside the graph
+  device_sample,  // the device sampler draws (Backend::sample_rows), after the graph
+};
+
+bool plain_greedy(const SamplingParams& p) {
+  return p.temperature <= 0.0f && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
+Pick choose_pick(std::span<const SeqChunk> chunks, const backend::Caps& caps, const RunnerConfig& cfg) {
+  if (!caps.device_sampling) return Pick::host;
+  bool greedy = true;
+  for (const SeqChunk& c : chunks) {
+    const int sampled_rows = c.sample ? 1 : 0;
+    if (c.n_logits > sampled_rows) return Pick::host;  // rows read on the host (prompt logprobs)
+    if (!c.sample) continue;
+    if (c.sample->keep_logits || !c.sample->processors.empty()) return Pick::host;
+    greedy &= plain_greedy(c.sample->sampler->params());
+  }
+  if (greedy) return Pick::device_argmax;
+  return cfg.device_sampling ? Pick::device_sample : Pick::host;
+}
+
+// The device sampler's inputs for one chunk's row: its parameters, the next draw of its own
+// generator (only when the host would draw: temperature > 0), and one adjustment per distinct token
+// its logit bias and penalties touch.
+void add_device_row(const SampleSpec& s, int row, std::vector<backend::SampleParams>& params,
+                    std::vector<backend::LogitAdjust>& adjust) {
+  const SamplingParams& p = s.sampler->params();
+  params.push_back(device_sample_params(p, p.temperature > 0.0f ? s.sampler->next_uniform() : 0.0));
+  std::unordered_map<int32_t, backend::LogitAdjust> touched;
+  auto at = [&](int32_t id) -> backend::LogitAdjust& {
+    auto [it, fresh] = touched.try_emplace(id);
+    if (fresh) it->second.row = row, it->second.token = id;
+    return it->second;
+  };
+  for (auto [id, b] : p.logit_bias) at(id).bias = b;
+  if (p.repetition_penalty != 1.0f)
+    for (int32_t id : s.context) at(id).in_context = 1;
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    for (int32_t id : s.generated) ++at(id).n_generated;
+  for (auto& [id, a] : touched) adjust.push_back(a);
+}
+
+// A decode-only batch (one token and one logit row per sequence) padded to the next bucket: 1, 2,
+// 4, then multiples of 8, so a batch that shrinks or grows by one sequence at a time reuses a few
+// graphs. A pad row is its own empty sequence: token 0 at position 0, KV slot -1 (not written),
+// block table row 0 (it reads a valid block), greedy; its output row is ignored.
+void pad_decode_batch(model::Batch& b, std::vector<backend::SampleParams>& params) {
+  const int n = b.n_tokens();
+  if (n == 0 || n != b.n_seqs || static_cast<int>(b.logit_rows.size()) != n) return;
+  const int bucket = n <= 4 ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(n))) : (n + 7) / 8 * 8;
+  for (int i = n; i < bucket; ++i) {
+    b.tokens.push_back(0);
+    b.positions.push_back(0);
+    b.token_seq.push_back(i);
+    b.slots.push_back(-1);
+    b.logit_rows.push_back(i);
+    if (!params.empty()) params.push_back({});
+  }
+  b.n_seqs = bucket;
+  b.block_tables.resize(static_cast<size_t>(bucket) * b.max_blocks, 0);
+}
+
+// The graph key of a decode step: its shapes and the KV cache's buffers (a graph records their
+// addresses; a new cache, another engine's, must not replay old graphs). Inputs uploaded before
+// the graph opens may change freely.
+uint64_t graph_key(const model::StepInputs& in, const model::KvCache& cache, bool argmax) {
+  uint64_t key = 0;
+  for (size_t l = 0; l < cache.k.size(); ++l)
+    key = key * 1000003u + reinterpret_cast<uintptr_t>(cache.k[l].data) + 7 * reinterpret_cast<uintptr_t>(cache.v[l].data);
+  key = key * 1000003u + static_cast<uint64_t>(in.n_tokens);
+  key = key * 1000003u + static_cast<uint64_t>(in.n_out);
+  key = key * 1000003u + static_cast<uint64_t>(in.max_blocks);
+  return key * 2u + (argmax ? 1u : 0u);
+}
+
+}  // namespace
+
+ModelRunner::ModelRunner(model::Model& m, model::KvCache& cache, RunnerConfig cfg) : model_(m), cache_(cache), cfg_(cfg) {}
+
+StepOutput ModelRunner::run(std::span<const SeqChunk> chunks) {
+  backend::Backend& be = model_.backend();
+  const backend::Caps caps = be.caps();
+  const int bs = cache_.block_size;
+  StepOutput out;
+
+  // The ragged batch: each chunk's tokens, positions, KV slots and block table.
+  model::Batch b;
+  b.n_seqs = static_cast<int>(chunks.size());
+  for (const SeqChunk& c : chunks) {
+    KILN_ASSERT(c.n_logits >= 0 && c.n_logits <= c.n_tokens && (!c.sample || c.n_logits >= 1), "runner: bad chunk");
+    KILN_ASSERT(static_cast<int64_t>(c.blocks.size()) * bs >= c.start + c.n_tokens, "runner: block table too short");
+    b.max_blocks = std::max(b.max_blocks, static_cast<int>(c.blocks.size()));
+  }
+  // Graphs: the block-table width padded to a power of two, so decode steps reuse a few captured
+  // graphs (the key includes it) instead of a new one every block_size tokens.
+  if (caps.graphs) b.max_blocks = static_cast<int>(std::bit_ceil(static_cast<unsigned>(std::max(1, b.max_blocks))));
+  b.block_tables.assign(static_cast<size_t>(b.n_seqs) * b.max_blocks, 0);
+  for (int i = 0; i < b.n_seqs; ++i) {
+    const SeqChunk& c = chunks[i];
+    std::copy(c.blocks.begin(), c.blocks.end(), b.block_tables.begin() + static_cast<size_t>(i) * b.max_blocks);
+    for (int pos = c.start; pos < c.start + c.n_tokens; ++pos) {
+      b.tokens.push_back(c.tokens[pos]);
+      b.positions.push_back(pos);
+      b.token_seq.push_back(i);
+      b.slots.push_back(c.blocks[pos / bs] * bs + pos % bs);
+    }
+    out.first_row.push_back(static_cast<int>(b.logit_rows.size()));
+    for (int j = c.n_logits; j > 0; --j) b.logit_rows.push_back(b.n_tokens() - j);
+  }
+
+  const Pick pick = choose_pick(chunks, caps, cfg_);
+  std::vector<backend::SampleParams> params;  // device sampling: one per logit row
+  std::vector<backend::LogitAdjust> adjust;
+  if (pick == Pick::device_sample)
+    for (size_t i = 0; i < chunks.size(); ++i)  // (every chunk with rows samples: choose_pick)
+      if (chunks[i].sample) add_device_row(*chunks[i].sample, out.first_row[i], params, adjust);
+  if (cfg_.pad_decode == RunnerConfig::PadDecode::on || (cfg_.pad_decode == RunnerConfig::PadDecode::automatic && caps.graphs))
+    pad_decode_batch(b, params);
+
+  Tensor host;  // logits f32 [n_out, vocab], or ids i32 [n_out]
+  {
+    backend::StepScope step(be);  // per-step buffers (CUDA: the arena; nothing allocated when warm)
+    model::StepInputs in = model::upload_step(model_, b);
+    // Decode-only steps (one token per sequence) are recorded once and replayed (CUDA graphs).
+    const bool graphed = in.n_tokens > 0 && in.n_tokens == in.n_seqs && model_.graph_safe(in.n_tokens) &&
+                         be.begin_graph(graph_key(in, cache_, pick == Pick::device_argmax));
+    Tensor logits = model_.forward(in, cache_);  // [n_out, vocab] f32 on the device
+    if (pick == Pick::device_argmax) {
+      Tensor ids = be.alloc(DType::i32, {logits.dim(0)});  // [n_out]
+      be.argmax_rows(logits, ids);
+      if (graphed) be.end_graph();
+      host = be.to_host(ids);
+    } else if (pick == Pick::device_sample) {
+      if (graphed) be.end_graph();  // the sampler's parameters change every step: after the graph
+      Tensor ids = be.alloc(DType::i32, {logits.dim(0)});
+      be.sample_rows(logits, params, adjust, ids);
+      host = be.to_host(ids);
+    } else {
+      if (graphed) be.end_graph();
+      host = be.to_host(logits);
+    }
+  }
+
+  out.tokens.assign(chunks.size(), -1);
+  if (pick != Pick::host) {
+    for (size_t i = 0; i < chunks.size(); ++i)
+      if (chunks[i].sample) out.tokens[i] = host.ptr<int32_t>()[out.first_row[i]];
+    return out;
+  }
+  out.logits = host;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const SampleSpec* s = chunks[i].sample;
+    if (!s) continue;
+    std::span<float> l = out.row(out.first_row[i] + chunks[i].n_logits - 1);
+    for (LogitsProcessor* p : s->processors) p->process(l, s->context);
+    out.tokens[i] = s->sampler->sample(l, s->context, s->generated);  // leaves the processed logits in l
+  }
+  return out;
+}
+
+void ModelRunner::rollback(Sequence& s, int k, BlockManager& blocks) {
+  if (k < 0 || k > s.n_generated())
+    fail("engine", "rollback of {} tokens: the sequence has {} generated tokens", k, s.n_generated());
+  s.tokens.resize(s.tokens.size() - k);
+  // The last kept token runs again (its logits pick the next token; its K/V is rewritten as is).
+  s.n_computed = std::min<int>(s.n_computed, static_cast<int>(s.tokens.size()) - 1);
+  if (s.blocks.empty()) return;  // not admitted (or preempted): nothing cached
+  const int32_t shared = blocks.truncate(s.blocks, s.n_computed, s.block_hashes, s.n_committed_blocks);
+  if (shared < 0) return;
+  // s continues in a private copy of a block another sequence still reads.
+  backend::Backend& be = model_.backend();
+  const int32_t mine = s.blocks[s.n_computed / cache_.block_size];
+  for (size_t l = 0; l < cache_.k.size(); ++l) {
+    Tensor dk = cache_.k[l].slice_rows(mine, mine + 1), dv = cache_.v[l].slice_rows(mine, mine + 1);
+    be.copy(cache_.k[l].slice_rows(shared, shared + 1), dk);
+    be.copy(cache_.v[l].slice_rows(shared, shared + 1), dv);
+  }
+}
+
+}  // namespace kiln::engine
