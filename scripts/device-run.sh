@@ -23,6 +23,8 @@
 #          model_bench_prev (PREV=path), alternating ROUNDS times (default 5) on a `kiln synth --q-bits 4`
 #          llama-3-8b (batch-1 decode: the decoder stack), then both with the separate ops at batches 1/2/4
 #   abtests  tests + ab (one call: a GPU change is measured and verified together)
+#            AB_PLANS="MODEL=PLAN ..." picks the models and plans (default: llama-3-8b-q4s=1:128:257);
+#            MODEL is llama-3-8b (bf16) or llama-3-8b-q4s (4-bit g64), both `kiln synth`
 #   first  tests + micro + prep (one call);  second  perf (the next call, on the still-warm machine)
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
@@ -55,10 +57,14 @@ if want prep prepq first trace; then  # CPU-bound: in the background while the G
       --q-group-size 64 --force && el "convert done" ) > "$OUT/prepare.log" 2>&1 &
   prep=$!
 fi
-if want ab abtests; then  # the synthetic 4-bit model, built while the tests run
+AB_PLANS=${AB_PLANS:-llama-3-8b-q4s=1:128:257}
+if want ab abtests; then  # the synthetic models, built while the tests run
   mkdir -p "$M"
-  ( [ -f "$M/llama-3-8b-q4s/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b-q4s" \
-      --q-bits 4 --q-group-size 64 --force ) > "$OUT/prepare_ab.log" 2>&1 &
+  ( for mp in $AB_PLANS; do
+      mod=${mp%%=*}
+      q=(); [ "${mod%-q4s}" != "$mod" ] && q=(--q-bits 4 --q-group-size 64)
+      [ -f "$M/$mod/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/$mod" --dtype bf16 "${q[@]}" --force
+    done ) > "$OUT/prepare_ab.log" 2>&1 &
   prep_ab=$!
 fi
 if want tests first abtests; then
@@ -91,19 +97,25 @@ fi
 if [ -n "${prep_ab:-}" ]; then
   wait $prep_ab || { echo "synth failed"; tail -n 3 "$OUT/prepare_ab.log"; status=1; }
   [ -x "$X/bin/model_bench_prev" ] || { echo "no model_bench_prev (PREV=... scripts/device-pack.sh)"; status=1; }
-  # One line per run: decode tok/s per batch (the decoder stacks the run launched).
+  # One line per run: decode tok/s per batch (the decoder stacks the run launched), prefill tok/s
+  # of the runs with one decoded step. ab BINARY MODEL PLAN [ENV]
   ab() {
-    env ${2:-} LD_LIBRARY_PATH=$KILN_LD_PATH timeout 120 "$X/bin/$1" --device cuda --model "$M/llama-3-8b-q4s" \
-      --repeat 2 --plan "${3:-1:128:257}" 2>/dev/null | tee -a "$OUT/ab.jsonl" | python3 -c 'import sys, json
-print(" ".join("b%d %.1f (%d stacks)" % (j["batch"], j["decode_tok_s"], j.get("decoder_stacks", -1))
+    env ${4:-} LD_LIBRARY_PATH=$KILN_LD_PATH timeout 150 "$X/bin/$1" --device cuda --model "$M/$2" \
+      --repeat 2 --plan "$3" 2>/dev/null | sed "s|^{|{\"bin\":\"$1\",|" | tee -a "$OUT/ab.jsonl" | python3 -c 'import sys, json
+print(" ".join(("p%d %.0f" % (j["prefill_tokens"], j["prefill_tok_s"])) if j["decode_steps"] <= 1 else
+               "b%d %.1f (%d stacks)" % (j["batch"], j["decode_tok_s"], j.get("decoder_stacks", -1))
                for j in map(json.loads, (l for l in sys.stdin if l.startswith("{")))))'
   }
   for r in $(seq "${ROUNDS:-5}"); do
-    el "round $r: prev $(ab model_bench_prev) | new $(ab model_bench)"
+    for mp in $AB_PLANS; do
+      el "round $r ${mp%%=*}: prev $(ab model_bench_prev ${mp%%=*} ${mp#*=}) | new $(ab model_bench ${mp%%=*} ${mp#*=})"
+    done
   done
-  for b in model_bench_prev model_bench; do
-    el "separate ops, $b: $(ab $b KILN_CUDA_FUSED_DECODER=0 1:128:257,2:128:129,4:128:129)"
-  done
+  if [ -z "${AB_NO_SEPARATE:-}" ]; then
+    for b in model_bench_prev model_bench; do
+      el "separate ops, $b: $(ab $b llama-3-8b-q4s 1:128:257,2:128:129,4:128:129 KILN_CUDA_FUSED_DECODER=0)"
+    done
+  fi
 fi
 if want perf second; then
   : > "$OUT/model_bench.jsonl"

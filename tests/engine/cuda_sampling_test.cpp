@@ -45,43 +45,21 @@ std::vector<float> random_logits(std::mt19937_64& g, int64_t vocab, float scale,
   return v;
 }
 
-// The host Sampler's kept set after its filters, in its rank order, with probabilities
-// renormalized over the kept tokens: a line-by-line mirror of Sampler::sample (sampler.cpp),
-// checked against the real Sampler's draws below.
+// The host Sampler's kept set after its filters (backend::kept_candidates, which Sampler::sample
+// draws from), in its rank order, with probabilities renormalized over the kept tokens; checked
+// against the real Sampler's draws below.
 struct Kept {
   std::vector<int32_t> ids;
   std::vector<double> prob;
 };
 Kept host_kept(const std::vector<float>& logits, const SamplingParams& p) {
   std::vector<std::pair<float, int32_t>> c;
-  for (size_t i = 0; i < logits.size(); ++i)
-    if (std::isfinite(logits[i])) c.emplace_back(logits[i], static_cast<int32_t>(i));
-  std::sort(c.begin(), c.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < c.size()) c.resize(p.top_k);
-  const float inv_t = 1.0f / p.temperature, m = c[0].first;
-  std::vector<double> prob(c.size());
-  double sum = 0;
-  for (size_t i = 0; i < c.size(); ++i) sum += prob[i] = std::exp(static_cast<double>((c[i].first - m) * inv_t));
-  for (auto& q : prob) q /= sum;
-  size_t keep = c.size();
-  if (p.min_p > 0.0f) {
-    size_t j = 1;
-    while (j < keep && prob[j] >= p.min_p * prob[0]) ++j;
-    keep = j;
-  }
-  if (p.top_p < 1.0f) {
-    double acc = 0;
-    size_t j = 0;
-    while (j < keep) {
-      acc += prob[j++];
-      if (acc >= p.top_p) break;
-    }
-    keep = std::max<size_t>(1, j);
-  }
+  std::vector<double> prob;
+  backend::kept_candidates(logits, engine::device_sample_params(p, 0.0), c, prob);
   Kept k;
   double mass = 0;
-  for (size_t i = 0; i < keep; ++i) mass += prob[i];
-  for (size_t i = 0; i < keep; ++i) k.ids.push_back(c[i].second), k.prob.push_back(prob[i] / mass);
+  for (double q : prob) mass += q;
+  for (size_t i = 0; i < c.size(); ++i) k.ids.push_back(c[i].second), k.prob.push_back(prob[i] / mass);
   return k;
 }
 

@@ -23,14 +23,14 @@ void apply_adjust(const LogitAdjust& a, const SampleParams& p, std::span<float> 
   if (a.n_generated > 0) l -= p.presence_penalty + p.frequency_penalty * a.n_generated;
 }
 
-int32_t sample_row(std::span<const float> logits, const SampleParams& p, const std::function<double()>& uniform,
-                   std::vector<std::pair<float, int32_t>>& c) {
-  if (p.temperature <= 0.0f) return argmax(logits);
+void kept_candidates(std::span<const float> logits, const SampleParams& p, std::vector<std::pair<float, int32_t>>& c,
+                     std::vector<double>& prob) {
   // Candidates sorted by logit, descending; top-k truncates first (as HF's warper order).
   c.clear();
+  prob.clear();
   for (size_t i = 0; i < logits.size(); ++i)
     if (std::isfinite(logits[i]) || logits[i] > 0) c.emplace_back(logits[i], static_cast<int32_t>(i));
-  if (c.empty()) return argmax(logits);
+  if (c.empty()) return;
   size_t k = p.top_k > 0 ? std::min<size_t>(p.top_k, c.size()) : c.size();
   std::partial_sort(c.begin(), c.begin() + k, c.end(),
                     [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
@@ -38,7 +38,7 @@ int32_t sample_row(std::span<const float> logits, const SampleParams& p, const s
 
   // Softmax at the temperature.
   const float inv_t = 1.0f / p.temperature, m = c[0].first;
-  std::vector<double> prob(c.size());
+  prob.resize(c.size());
   double sum = 0;
   for (size_t i = 0; i < c.size(); ++i) sum += prob[i] = std::exp(static_cast<double>((c[i].first - m) * inv_t));
   for (auto& q : prob) q /= sum;
@@ -61,16 +61,26 @@ int32_t sample_row(std::span<const float> logits, const SampleParams& p, const s
     }
     keep = std::max<size_t>(1, j);
   }
+  c.resize(keep);
+  prob.resize(keep);
+}
+
+int32_t sample_row(std::span<const float> logits, const SampleParams& p, const std::function<double()>& uniform,
+                   std::vector<std::pair<float, int32_t>>& c) {
+  if (p.temperature <= 0.0f) return argmax(logits);
+  std::vector<double> prob;
+  kept_candidates(logits, p, c, prob);
+  if (c.empty()) return argmax(logits);
   double mass = 0;
-  for (size_t i = 0; i < keep; ++i) mass += prob[i];
+  for (double q : prob) mass += q;
   // uniform() * mass is the value std::uniform_real_distribution(0, mass) draws from the same
   // generator state (libstdc++: canonical * (b - a) + a), so host and device streams agree.
   double r = uniform() * mass;
-  for (size_t i = 0; i < keep; ++i) {
+  for (size_t i = 0; i < c.size(); ++i) {
     r -= prob[i];
     if (r <= 0) return c[i].second;
   }
-  return c[keep - 1].second;
+  return c.back().second;
 }
 
 void Backend::sample_rows(Tensor& logits, const std::vector<SampleParams>& params,

@@ -20,6 +20,13 @@ int32_t argmax(std::span<const float> v);
 // n_generated) when n_generated > 0.
 void apply_adjust(const LogitAdjust& a, const SampleParams& p, std::span<float> logits);
 
+// The candidates sample_row draws from, for temperature > 0: (logit, id) pairs in rank order (by
+// logit, ties to the lower id) cut by top-k, then min-p (relative to the most likely) and the
+// smallest top-p prefix, with their probabilities at the temperature over the top-k set (not
+// renormalized: their sum is the kept mass). Empty when no logit is finite.
+void kept_candidates(std::span<const float> logits, const SampleParams& p, std::vector<std::pair<float, int32_t>>& c,
+                     std::vector<double>& prob);
+
 // A token from logits [vocab] (already adjusted) under p: argmax when temperature <= 0; else the
 // candidates sorted by logit (ties: lower id first), top-k, softmax at the temperature, min-p
 // relative to the most likely, the smallest top-p prefix, then r = uniform() * kept mass picks the
