@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "kiln/base/error.h"
-#include "kiln/tokenizer/jinja_renderer.h"
-#include "kiln/tokenizer/jinja_value.h"
+#include "kiln/jinja/renderer.h"
+#include "kiln/jinja/value.h"
 
 namespace kiln::tokenizer {
 namespace fs = std::filesystem;
