@@ -53,20 +53,25 @@ TEST_F(PolicyTest, PicksTheTemplate) {
   EXPECT_EQ(p.load("", nullptr).render(kMessages).text, "O7");  // no folder: no pad_token
   p.ignore_chat_template = true;
   EXPECT_EQ(p.load(dir.string(), nullptr).chat_template(), nullptr);
-  TemplatePolicy text{.chat_template = "T{{ k }}", .template_is_text = true, .kwargs = R"({"k": 1})"};
+  TemplatePolicy text;
+  text.chat_template = "T{{ k }}";
+  text.template_is_text = true;
+  text.kwargs = R"({"k": 1})";
   EXPECT_EQ(text.load(dir.string(), nullptr).render(kMessages).text, "T1");
   EXPECT_EQ(TemplatePolicy().load("", nullptr).chat_template(), nullptr);
 }
 
 TEST_F(PolicyTest, StartAndBadFlags) {
-  TemplatePolicy p{.system_prompt = "be kind"};
+  TemplatePolicy p;
+  p.system_prompt = "be kind";
   EXPECT_EQ(p.start().dump(), R"([{"role":"system","content":"be kind"}])");
   EXPECT_TRUE(TemplatePolicy().start().empty());
   p.kwargs = "[1]";
   EXPECT_THROW(p.load(dir.string(), nullptr), Error);
   p.kwargs = "{";
   EXPECT_THROW(p.load(dir.string(), nullptr), Error);
-  TemplatePolicy missing{.chat_template = (dir / "missing.jinja").string()};
+  TemplatePolicy missing;
+  missing.chat_template = (dir / "missing.jinja").string();
   EXPECT_THROW(missing.load(dir.string(), nullptr), Error);
 }
 

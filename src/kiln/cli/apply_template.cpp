@@ -47,8 +47,9 @@ void run_apply_template(const ApplyTemplateArgs& a) {
     fail("apply-template", "give --model (a folder or HF repo id) or --chat-template FILE");
   OrderedJson request = parse_ordered_json(read_input(a.request), a.request, "apply-template");
   std::string dir = a.model.empty() ? "" : model_dir(a.model);
-  chat::TemplatePolicy policy{.chat_template = a.chat_template.empty() ? "" : read_input(a.chat_template),
-                              .template_is_text = true};
+  chat::TemplatePolicy policy;
+  policy.chat_template = a.chat_template.empty() ? "" : read_input(a.chat_template);
+  policy.template_is_text = true;
   chat::Renderer render = policy.load(dir, nullptr);
   const chat::ChatTemplate* ct = render.chat_template();
   if (!ct) {

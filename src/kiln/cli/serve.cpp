@@ -21,7 +21,7 @@ namespace {
 struct ServeArgs {
   ModelArgs model;
   server::ServerConfig http;
-  chat::TemplatePolicy chat{.template_is_text = true, .kwargs_flag = "--chat-template-args"};
+  chat::TemplatePolicy chat;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int top_k = 0, max_tokens = 512;
   int batch = 8, max_batch_tokens = 2048;
@@ -87,6 +87,8 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", h.port, "Port to listen on (0: any free port, printed at startup)")
       ->check(CLI::Range(0, 65535))->capture_default_str();
+  a->chat.template_is_text = true;  // the template text, as mlx_lm.server takes it
+  a->chat.kwargs_flag = "--chat-template-args";
   cmd->add_option("--chat-template", a->chat.chat_template, "A chat template (Jinja) to use instead of the tokenizer's");
   cmd->add_option("--chat-template-args", a->chat.kwargs,
                   "JSON object of extra chat template variables (e.g. '{\"enable_thinking\": false}')");
