@@ -6,12 +6,12 @@
 #include <string>
 
 #include "kiln/base/error.h"
-#include "kiln/tokenizer/jinja_renderer.h"
+#include "kiln/jinja/renderer.h"
 
 namespace {
 
-const kiln::tokenizer::jinja::DictData& context() {
-  static const kiln::tokenizer::jinja::DictData ctx = [] {
+const kiln::jinja::DictData& context() {
+  static const kiln::jinja::DictData ctx = [] {
     auto j = nlohmann::ordered_json::parse(R"({
       "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi {{ x }} é 😀"},
                    {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
@@ -20,7 +20,7 @@ const kiln::tokenizer::jinja::DictData& context() {
       "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                  "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}],
       "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>", "n": 3, "f": 0.5})");
-    return kiln::tokenizer::jinja::from_json(j).dict();
+    return kiln::jinja::from_json(j).dict();
   }();
   return ctx;
 }
@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 4096) return 0;  // keeps each run fast; the grammar has no construct that needs more
   std::string source(reinterpret_cast<const char*>(data), size);
   try {
-    kiln::tokenizer::jinja::Template t(source);
+    kiln::jinja::Template t(source);
     t.render(context());
   } catch (const kiln::Error&) {
   }

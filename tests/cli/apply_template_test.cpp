@@ -113,3 +113,13 @@ TEST(ApplyTemplate, ErrorsAreOneLineAndPrintNothing) {
   EXPECT_NE(broken.err.find("invalid JSON"), std::string::npos) << broken.err;
   fs::remove_all(dir);
 }
+
+TEST(ApplyTemplate, MessageKeyOrderReachesTheTemplate) {
+  fs::path dir = kiln::test::make_temp_dir("kiln-apply-template-");
+  write_file(dir / "items.jinja", "{% for m in messages %}{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}{% endfor %}");
+  auto r = run_kiln({"apply-template", "--request", "-", "--chat-template", (dir / "items.jinja").string()}, "",
+                    R"({"messages": [{"role": "user", "zeta": "z", "content": "hi", "alpha": "a"}]})");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "role=user;zeta=z;content=hi;alpha=a;");
+  fs::remove_all(dir);
+}

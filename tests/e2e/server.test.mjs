@@ -306,6 +306,18 @@ test('--chat-template renders chats; /apply-template shows the prompt the chat r
   }
 });
 
+test("a message's key order reaches the template (bodies are parsed order-preserving)", async () => {
+  const s = await startServer(['--chat-template',
+    '{% for m in messages %}{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}{% endfor %}']);
+  try {
+    const messages = [{ role: 'user', zeta: 'z', content: 'hi', alpha: 'a' }];
+    const at = await (await fetch(s.base + '/apply-template', { method: 'POST', body: JSON.stringify({ messages }) })).json();
+    assert.equal(at.prompt, 'role=user;zeta=z;content=hi;alpha=a;');
+  } finally {
+    await s.stop();
+  }
+});
+
 test('an API key guards every route but /health', async () => {
   const s = await startServer(['--api-key', 'sekrit']);
   try {

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include "kiln/server/api.h"
-#include "kiln/server/chat_format.h"
 
 using namespace kiln::server;
 using kiln::Json;
@@ -26,8 +25,8 @@ struct ApiTest : ::testing::Test {
   // The status and param of the ApiError that parsing `body` throws (0 when it parses).
   std::pair<int, std::string> error_of(const std::string& body, bool chat = false) {
     try {
-      Json j = parse_body(body);
-      auto render = make_chat_renderer(std::nullopt, Json::object());
+      auto j = parse_body(body);
+      kiln::chat::Renderer render;  // no template: the fallback
       if (chat) parse_chat(j, *tok, lim(), render);
       else parse_completion(j, *tok, lim());
     } catch (const ApiError& e) {
@@ -42,7 +41,7 @@ struct ApiTest : ::testing::Test {
 }  // namespace
 
 TEST_F(ApiTest, CompletionParsesIntoEngineParameters) {
-  Json b = parse_body(R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":7,"temperature":0.5,
+  auto b = parse_body(R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":7,"temperature":0.5,
     "top_p":0.9,"top_k":40,"min_p":0.05,"seed":3,"stop":["x","y"],"n":2,"logprobs":3,"echo":true,
     "logit_bias":{"5":-100},"stream":true,"stream_options":{"include_usage":true}})");
   CompletionRequest r = parse_completion(b, *tok, lim());
@@ -99,9 +98,9 @@ TEST_F(ApiTest, BadRequestsNameTheirParameter) {
 }
 
 TEST_F(ApiTest, ChatMessagesAreValidatedAndJoinedWithoutATemplate) {
-  Json b = parse_body(R"({"messages":[{"role":"system","content":"Once upon"},
+  auto b = parse_body(R"({"messages":[{"role":"system","content":"Once upon"},
     {"role":"user","content":[{"type":"text","text":"a "},{"type":"text","text":"time"}]}],"logprobs":true,"top_logprobs":4})");
-  auto render = make_chat_renderer(std::nullopt, Json::object());
+  kiln::chat::Renderer render;  // no template: the fallback
   CompletionRequest r = parse_chat(b, *tok, lim(), render);
   EXPECT_EQ(r.prompt_texts[0], "Once upon\na time");
   EXPECT_EQ(r.prompts[0], tok->encode("Once upon\na time", true));  // like `kiln generate --ignore-chat-template`
@@ -115,4 +114,14 @@ TEST_F(ApiTest, ChatMessagesAreValidatedAndJoinedWithoutATemplate) {
   EXPECT_EQ(error_of(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true).second, "top_logprobs");
   EXPECT_EQ(error_of(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", true).second,
             "tools");
+}
+
+TEST_F(ApiTest, MessageKeyOrderReachesTheTemplate) {
+  // The body is parsed order-preserving: a template iterating a message's items sees its keys in
+  // the order the client sent them (not sorted), as transformers does with the request's dicts.
+  kiln::chat::Renderer render(kiln::chat::ChatTemplate::from_string(
+      "{% for m in messages %}{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}{% endfor %}"));
+  auto b = parse_body(R"({"messages":[{"role":"user","zeta":"z","content":"hi","alpha":"a"}]})");
+  CompletionRequest r = parse_chat(b, *tok, lim(), render);
+  EXPECT_EQ(r.prompt_texts[0], "role=user;zeta=z;content=hi;alpha=a;");
 }

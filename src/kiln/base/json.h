@@ -1,5 +1,6 @@
 // JSON (nlohmann) plus typed getters that turn a missing or mistyped key into a kiln::Error
-// naming the file and the key.
+// naming the file and the key. OrderedJson keeps keys in their order (request bodies, chat
+// messages, template kwargs: what a chat template iterates sees the order the client sent).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -11,9 +12,11 @@
 namespace kiln {
 
 using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
 
 // Parses text; on failure throws "[component] <where>: invalid JSON: <reason>".
 Json parse_json(const std::string& text, const std::string& where, const std::string& component = "io");
+OrderedJson parse_ordered_json(const std::string& text, const std::string& where, const std::string& component = "io");
 Json read_json_file(const std::string& path, const std::string& component = "io");
 
 // j[key] as T when present and not null, else nullopt; a value of the wrong type throws.

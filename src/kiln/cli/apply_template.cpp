@@ -3,15 +3,13 @@
 // apply_chat_template(tokenize=False) would. Reads only tokenizer_config.json / template files.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <iterator>
-#include <sstream>
 
-#include "kiln/base/error.h"
+#include "kiln/base/mapped_file.h"
+#include "kiln/chat/prompt.h"
 #include "kiln/cli/commands.h"
 #include "kiln/io/model_path.h"
-#include "kiln/tokenizer/chat_template.h"
 
 namespace kiln::cli {
 namespace {
@@ -24,13 +22,9 @@ struct ApplyTemplateArgs {
   std::string chat_template;
 };
 
-std::string read_input(const std::string& path, const char* what) {
+std::string read_input(const std::string& path) {
   if (path == "-") return {std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("apply-template", "cannot read the {} file {}", what, path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_file(path, "apply-template");
 }
 
 // The model folder: io's resolution (a folder with config.json, or an HF cache repo id); a local
@@ -51,26 +45,16 @@ std::string model_dir(const std::string& arg) {
 void run_apply_template(const ApplyTemplateArgs& a) {
   if (a.model.empty() && a.chat_template.empty())
     fail("apply-template", "give --model (a folder or HF repo id) or --chat-template FILE");
-  nlohmann::ordered_json request;
-  std::string text = read_input(a.request, "request");
-  try {
-    request = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::ordered_json::parse_error& e) {
-    fail("apply-template", "{}: invalid JSON: {}", a.request, e.what());
-  }
-
-  std::optional<tokenizer::ChatTemplate> ct;
-  if (!a.chat_template.empty()) {
-    std::string source = read_input(a.chat_template, "chat template");
-    ct = a.model.empty() ? tokenizer::ChatTemplate::from_string(std::move(source))
-                         : tokenizer::ChatTemplate::from_model_dir_with_template(model_dir(a.model), std::move(source));
-  } else {
-    std::string dir = model_dir(a.model);
-    ct = tokenizer::ChatTemplate::from_model_dir(dir);
-    if (!ct) {
-      fail("template", "{} has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja); "
-           "pass --chat-template FILE", dir);
-    }
+  OrderedJson request = parse_ordered_json(read_input(a.request), a.request, "apply-template");
+  std::string dir = a.model.empty() ? "" : model_dir(a.model);
+  chat::TemplatePolicy policy;
+  policy.chat_template = a.chat_template.empty() ? "" : read_input(a.chat_template);
+  policy.template_is_text = true;
+  chat::Renderer render = policy.load(dir, nullptr);
+  const chat::ChatTemplate* ct = render.chat_template();
+  if (!ct) {
+    fail("template", "{} has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja); "
+         "pass --chat-template FILE", dir);
   }
   std::string prompt = ct->render_request(request);
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);

@@ -30,16 +30,6 @@ struct ChatOptions {
   bool verbose = false;
 };
 
-// The conversation as prompt text. Without a template each message is its content and a newline
-// (unlike the server's fallback, which joins with newlines), so an answer continues the text
-// that asked for it and the next turn extends both.
-server::RenderedChat render_turn(const ChatOptions& o, const engine::LoadedModel& m, const Json& messages) {
-  if (m.chat_template) return o.chat.render(m, messages);
-  std::string text;
-  for (auto& msg : messages) text += msg.value("content", "") + "\n";
-  return {text, true};
-}
-
 std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::LoadedModel& m) {
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = 1;
@@ -52,16 +42,15 @@ std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::Loaded
 
 void run_chat(const ChatOptions& o) {
   auto m = o.model.load();
-  o.chat.apply_to(*m);
+  chat::Renderer render = o.chat.load(m->path, m->tokenizer.get());
   auto eng = make_engine(o, *m);
-  Json messages = Json::array();
+  OrderedJson messages;
   std::vector<int32_t> history;  // tokens the engine has seen: every prompt and answer so far (no EOS)
   std::string history_text;      // the rendered text those tokens stand for
   auto reset = [&] {
     history.clear();
     history_text.clear();
-    messages = Json::array();
-    if (!o.chat.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", o.chat.system_prompt}});
+    messages = o.chat.start();
   };
   reset();
 
@@ -94,7 +83,9 @@ void run_chat(const ChatOptions& o) {
     if (line.empty()) continue;
 
     messages.push_back({{"role", "user"}, {"content", line}});
-    server::RenderedChat text = render_turn(o, *m, messages);
+    // Without a template each message is its content and a newline (not joined by newlines as
+    // the server's fallback), so an answer continues the text that asked for it.
+    chat::Prompt text = render.render(messages, OrderedJson::object(), chat::Fallback::line_per_message);
     std::vector<int32_t> ids;
     if (!history.empty() && text.text.compare(0, history_text.size(), history_text) == 0) {
       ids = history;  // an exact extension: the prefix cache holds these tokens' KV

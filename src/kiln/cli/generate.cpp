@@ -22,7 +22,6 @@ struct GenerateArgs {
   int top_k = 0;
   std::optional<uint64_t> seed;
   ChatArgs chat;
-  bool ignore_chat_template = false;
   bool verbose = false;
 };
 
@@ -30,17 +29,13 @@ void run_generate(const GenerateArgs& a) {
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   auto m = a.model.load();
-  a.chat.apply_to(*m);
   // As mlx_lm.generate: the chat template (when the model has one) wraps the prompt as a user turn.
-  std::vector<int32_t> ids;
-  if (m->chat_template && !a.ignore_chat_template) {
-    Json messages = Json::array();
-    if (!a.chat.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", a.chat.system_prompt}});
-    messages.push_back({{"role", "user"}, {"content", prompt}});
-    ids = a.chat.encode(*m, messages);
-  } else {
-    ids = m->tokenizer->encode(prompt, true);
-  }
+  // Without one the fallback renders that turn alone: the raw prompt, with BOS.
+  chat::Renderer render = a.chat.load(m->path, m->tokenizer.get());
+  OrderedJson messages = render.chat_template() ? a.chat.start() : OrderedJson::array();
+  messages.push_back({{"role", "user"}, {"content", prompt}});
+  chat::Prompt text = render.render(messages);
+  std::vector<int32_t> ids = m->tokenizer->encode(text.text, text.add_special_tokens);
   if (ids.empty()) {  // an empty prompt with no BOS to add: start from BOS if the model has one
     auto bos = m->config.bos_id ? m->config.bos_id : m->tokenizer->bos_id();
     if (!bos) fail("generate", "the prompt is empty and the model has no BOS token; give --prompt");
@@ -111,7 +106,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--repetition-penalty", a->repetition_penalty, "Penalty for tokens already in the context (1 = off)")
       ->check(CLI::Range(0.01f, 100.0f))->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed (same seed, same tokens)");
-  cmd->add_flag("--ignore-chat-template", a->ignore_chat_template, "Use the raw prompt, without the model's chat template");
+  cmd->add_flag("--ignore-chat-template", a->chat.ignore_chat_template, "Use the raw prompt, without the model's chat template");
   a->chat.add_to(cmd);
   cmd->add_flag("--verbose", a->verbose, "Print prompt and generation speed and peak memory");
   cmd->callback([a] { run_generate(*a); });

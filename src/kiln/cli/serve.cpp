@@ -12,7 +12,6 @@
 #include "kiln/cli/embedded.h"
 #include "kiln/cli/model_args.h"
 #include "kiln/engine/engine_thread.h"
-#include "kiln/server/chat_format.h"
 #include "kiln/server/server.h"
 
 namespace kiln::cli {
@@ -22,7 +21,7 @@ namespace {
 struct ServeArgs {
   ModelArgs model;
   server::ServerConfig http;
-  std::string chat_template, chat_template_args;
+  chat::TemplatePolicy chat;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int top_k = 0, max_tokens = 512;
   int batch = 8, max_batch_tokens = 2048;
@@ -37,23 +36,10 @@ void on_signal(int) {
 
 void run_serve(ServeArgs& a) {
   auto m = a.model.load();
-  Json template_args = Json::object();
-  if (!a.chat_template_args.empty()) {
-    template_args = parse_json(a.chat_template_args, "--chat-template-args", "serve");
-    if (!template_args.is_object()) fail("serve", "--chat-template-args must be a JSON object");
-  }
-  // The chat template: --chat-template (template text, as mlx_lm.server takes it), else the
-  // folder's; the embedded model has none.
-  std::optional<tokenizer::ChatTemplate> tmpl;
-  bool is_dir = std::filesystem::is_directory(m->path);
-  if (!a.chat_template.empty())
-    tmpl = is_dir ? tokenizer::ChatTemplate::from_model_dir_with_template(m->path, a.chat_template)
-                  : tokenizer::ChatTemplate::from_string(a.chat_template, m->tokenizer->bos_token(),
-                                                         m->tokenizer->eos_token());
-  else if (is_dir)
-    tmpl = tokenizer::ChatTemplate::from_model_dir(m->path);
-  if (!tmpl) log::info("{} has no chat template: chat joins message contents with newlines", m->path);
-  server::ChatRenderer render = server::make_chat_renderer(std::move(tmpl), template_args);
+  // The chat template, loaded once: --chat-template (template text, as mlx_lm.server takes it),
+  // else the folder's; the embedded model has none.
+  chat::Renderer render = a.chat.load(m->path, m->tokenizer.get());
+  if (!render.chat_template()) log::info("{} has no chat template: chat joins message contents with newlines", m->path);
 
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = a.batch;
@@ -101,8 +87,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--host", h.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", h.port, "Port to listen on (0: any free port, printed at startup)")
       ->check(CLI::Range(0, 65535))->capture_default_str();
-  cmd->add_option("--chat-template", a->chat_template, "A chat template (Jinja) to use instead of the tokenizer's");
-  cmd->add_option("--chat-template-args", a->chat_template_args,
+  a->chat.template_is_text = true;  // the template text, as mlx_lm.server takes it
+  a->chat.kwargs_flag = "--chat-template-args";
+  cmd->add_option("--chat-template", a->chat.chat_template, "A chat template (Jinja) to use instead of the tokenizer's");
+  cmd->add_option("--chat-template-args", a->chat.kwargs,
                   "JSON object of extra chat template variables (e.g. '{\"enable_thinking\": false}')");
   cmd->add_option("--temp", a->temp, "Default sampling temperature")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   cmd->add_option("--top-p", a->top_p, "Default nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();

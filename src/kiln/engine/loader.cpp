@@ -56,7 +56,6 @@ std::unique_ptr<LoadedModel> load_model(const std::string& arg, const LoadOption
   m->config = model::ModelConfig::load_dir(m->path);
   m->tokenizer = tokenizer::Tokenizer::load_dir(m->path);
   m->weights = io::WeightSet::open_dir(m->path);
-  m->chat_template = tokenizer::ChatTemplate::from_model_dir(m->path);
   finish_load(*m, opt);
   return m;
 }

@@ -9,7 +9,6 @@
 #include "kiln/backend/backend.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/model/model.h"
-#include "kiln/tokenizer/chat_template.h"
 #include "kiln/tokenizer/tokenizer.h"
 
 namespace kiln::engine {
@@ -21,7 +20,6 @@ struct LoadedModel {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<backend::Backend> backend;
   std::unique_ptr<model::Model> model;
-  std::optional<tokenizer::ChatTemplate> chat_template;  // the folder's, as transformers finds it; none for the embedded model
   // EOS ids: generation_config/config eos ids, else the tokenizer's eos token.
   std::vector<int32_t> eos_ids() const;
 };

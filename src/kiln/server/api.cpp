@@ -23,11 +23,11 @@ Json ApiError::to_json() const {
   return Json{{"error", e}};
 }
 
-Json parse_body(const std::string& body) {
-  Json j;
+OrderedJson parse_body(const std::string& body) {
+  OrderedJson j;
   try {
-    j = Json::parse(body);
-  } catch (const Json::parse_error& e) {
+    j = OrderedJson::parse(body);
+  } catch (const OrderedJson::parse_error& e) {
     throw ApiError(400, std::string("the request body is not valid JSON (UTF-8): ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object", "", "invalid_json");
@@ -40,13 +40,13 @@ namespace {
   throw ApiError(400, "'" + param + "': " + msg, param, "invalid_value");
 }
 
-const Json* field(const Json& b, const char* key) {
+const OrderedJson* field(const OrderedJson& b, const char* key) {
   auto it = b.find(key);
   return it == b.end() || it->is_null() ? nullptr : &*it;
 }
 
-std::optional<double> number(const Json& b, const char* key, double lo, double hi, bool lo_open = false) {
-  const Json* v = field(b, key);
+std::optional<double> number(const OrderedJson& b, const char* key, double lo, double hi, bool lo_open = false) {
+  const OrderedJson* v = field(b, key);
   if (!v) return std::nullopt;
   if (!v->is_number()) bad(key, "expected a number, got " + std::string(v->type_name()));
   double x = v->get<double>();
@@ -55,8 +55,8 @@ std::optional<double> number(const Json& b, const char* key, double lo, double h
   return x;
 }
 
-std::optional<int64_t> integer(const Json& b, const char* key, int64_t lo, int64_t hi) {
-  const Json* v = field(b, key);
+std::optional<int64_t> integer(const OrderedJson& b, const char* key, int64_t lo, int64_t hi) {
+  const OrderedJson* v = field(b, key);
   if (!v) return std::nullopt;
   if (!v->is_number_integer()) {
     // 3.0 is an integer to most clients' JSON encoders.
@@ -71,23 +71,23 @@ std::optional<int64_t> integer(const Json& b, const char* key, int64_t lo, int64
   return x;
 }
 
-std::optional<bool> boolean(const Json& b, const char* key) {
-  const Json* v = field(b, key);
+std::optional<bool> boolean(const OrderedJson& b, const char* key) {
+  const OrderedJson* v = field(b, key);
   if (!v) return std::nullopt;
   if (!v->is_boolean()) bad(key, "expected true or false, got " + std::string(v->type_name()));
   return v->get<bool>();
 }
 
-std::optional<std::string> string(const Json& b, const char* key) {
-  const Json* v = field(b, key);
+std::optional<std::string> string(const OrderedJson& b, const char* key) {
+  const OrderedJson* v = field(b, key);
   if (!v) return std::nullopt;
   if (!v->is_string()) bad(key, "expected a string, got " + std::string(v->type_name()));
   return v->get<std::string>();
 }
 
-std::vector<int32_t> token_ids(const Json& arr, const ApiLimits& lim, const char* param) {
+std::vector<int32_t> token_ids(const OrderedJson& arr, const ApiLimits& lim, const char* param) {
   std::vector<int32_t> ids;
-  for (const Json& t : arr) {
+  for (const OrderedJson& t : arr) {
     if (!t.is_number_integer()) bad(param, "token ids must be integers");
     int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > INT64_MAX ? INT64_MAX : t.get<int64_t>();
     if (id < 0 || id >= lim.vocab_size)
@@ -106,7 +106,7 @@ std::vector<int32_t> encode_prompt(const std::string& text, const tokenizer::Tok
 }
 
 // Fields both endpoints share: model, sampling, stop, n, stream, max tokens; prompts must be set.
-void parse_common(const Json& b, const ApiLimits& lim, CompletionRequest& r) {
+void parse_common(const OrderedJson& b, const ApiLimits& lim, CompletionRequest& r) {
   if (auto m = string(b, "model")) {
     bool known = m->empty();
     for (auto& id : lim.model_ids) known |= *m == id;
@@ -125,7 +125,7 @@ void parse_common(const Json& b, const ApiLimits& lim, CompletionRequest& r) {
   if (auto v = number(b, "presence_penalty", -2, 2)) s.presence_penalty = static_cast<float>(*v);
   if (auto v = number(b, "frequency_penalty", -2, 2)) s.frequency_penalty = static_cast<float>(*v);
   if (auto v = integer(b, "seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*v);
-  if (const Json* lb = field(b, "logit_bias")) {
+  if (const OrderedJson* lb = field(b, "logit_bias")) {
     if (!lb->is_object()) bad("logit_bias", "expected an object mapping token ids to biases");
     if (lb->size() > 1024) bad("logit_bias", "at most 1024 entries");
     for (auto& [k, v] : lb->items()) {
@@ -144,7 +144,7 @@ void parse_common(const Json& b, const ApiLimits& lim, CompletionRequest& r) {
       s.logit_bias[static_cast<int32_t>(id)] = v.get<float>();
     }
   }
-  if (const Json* st = field(b, "stop")) {
+  if (const OrderedJson* st = field(b, "stop")) {
     if (st->is_string()) {
       r.stop.push_back(st->get<std::string>());
     } else if (st->is_array()) {
@@ -161,20 +161,20 @@ void parse_common(const Json& b, const ApiLimits& lim, CompletionRequest& r) {
   }
   r.n = static_cast<int>(integer(b, "n", 1, lim.max_n).value_or(1));
   r.stream = boolean(b, "stream").value_or(false);
-  if (const Json* so = field(b, "stream_options")) {
+  if (const OrderedJson* so = field(b, "stream_options")) {
     if (!so->is_object()) bad("stream_options", "expected an object");
     r.include_usage = boolean(*so, "include_usage").value_or(false);
   }
   r.return_token_ids = boolean(b, "return_token_ids").value_or(false);
   string(b, "user");
-  if (const Json* rf = field(b, "response_format")) {
+  if (const OrderedJson* rf = field(b, "response_format")) {
     if (!rf->is_object() || rf->value("type", "") != "text")
       throw ApiError(400, "'response_format' (structured output) is not supported yet; leave it out or use {\"type\": \"text\"}",
                      "response_format", "unsupported_parameter");
   }
-  if (const Json* tl = field(b, "tools"); tl && !(tl->is_array() && tl->empty()))
+  if (const OrderedJson* tl = field(b, "tools"); tl && !(tl->is_array() && tl->empty()))
     throw ApiError(400, "'tools' (tool calls) are not supported yet", "tools", "unsupported_parameter");
-  if (const Json* fn = field(b, "functions"); fn && !(fn->is_array() && fn->empty()))
+  if (const OrderedJson* fn = field(b, "functions"); fn && !(fn->is_array() && fn->empty()))
     throw ApiError(400, "'functions' (tool calls) are not supported yet", "functions", "unsupported_parameter");
 
   if (r.choices() > lim.max_n) bad("n", fmt::format("n x prompts is {}; at most {}", r.choices(), lim.max_n));
@@ -200,15 +200,15 @@ void parse_common(const Json& b, const ApiLimits& lim, CompletionRequest& r) {
 
 }  // namespace
 
-CompletionRequest parse_completion(const Json& b, const tokenizer::Tokenizer& tok, const ApiLimits& lim) {
+CompletionRequest parse_completion(const OrderedJson& b, const tokenizer::Tokenizer& tok, const ApiLimits& lim) {
   CompletionRequest r;
-  const Json* p = field(b, "prompt");
+  const OrderedJson* p = field(b, "prompt");
   if (!p) throw ApiError(400, "'prompt' is required", "prompt", "missing_required_parameter");
   auto add_text = [&](const std::string& s) {
     r.prompts.push_back(encode_prompt(s, tok, true));
     r.prompt_texts.push_back(s);
   };
-  auto add_ids = [&](const Json& arr) {
+  auto add_ids = [&](const OrderedJson& arr) {
     if (arr.empty()) bad("prompt", "a token-id prompt must not be empty");
     r.prompts.push_back(token_ids(arr, lim, "prompt"));
     r.prompt_texts.push_back(tok.decode(r.prompts.back(), false));
@@ -221,7 +221,7 @@ CompletionRequest parse_completion(const Json& b, const tokenizer::Tokenizer& to
       add_ids(*p);
     } else {
       if (p->size() > static_cast<size_t>(lim.max_n)) bad("prompt", fmt::format("at most {} prompts", lim.max_n));
-      for (const Json& x : *p) {
+      for (const OrderedJson& x : *p) {
         if (x.is_string()) add_text(x.get<std::string>());
         else if (x.is_array()) add_ids(x);
         else bad("prompt", "expected a string, an array of strings, an array of token ids, or an array of those");
@@ -231,7 +231,7 @@ CompletionRequest parse_completion(const Json& b, const tokenizer::Tokenizer& to
     bad("prompt", "expected a string, an array of strings, an array of token ids, or an array of those");
   }
   parse_common(b, lim, r);
-  if (const Json* lp = field(b, "logprobs")) {
+  if (const OrderedJson* lp = field(b, "logprobs")) {
     if (lp->is_boolean()) r.logprobs = lp->get<bool>() ? 0 : -1;  // some clients send true
     else r.logprobs = static_cast<int>(*integer(b, "logprobs", 0, lim.max_logprobs));
   }
@@ -243,12 +243,12 @@ CompletionRequest parse_completion(const Json& b, const tokenizer::Tokenizer& to
   return r;
 }
 
-Json normalize_messages(const Json& messages) {
+OrderedJson normalize_messages(const OrderedJson& messages) {
   if (!messages.is_array()) bad("messages", "expected an array of messages");
   if (messages.empty()) bad("messages", "at least one message is required");
-  Json out = Json::array();
+  OrderedJson out = OrderedJson::array();
   for (size_t i = 0; i < messages.size(); ++i) {
-    const Json& m = messages[i];
+    const OrderedJson& m = messages[i];
     std::string where = fmt::format("messages[{}]", i);
     if (!m.is_object()) bad(where, "each message must be an object");
     auto role = string(m, "role");
@@ -256,14 +256,14 @@ Json normalize_messages(const Json& messages) {
     static const char* roles[] = {"system", "user", "assistant", "tool", "developer", "function"};
     if (std::find(std::begin(roles), std::end(roles), *role) == std::end(roles))
       bad(where + ".role", "unknown role '" + *role + "'");
-    Json nm = m;
-    const Json* c = field(m, "content");
+    OrderedJson nm = m;
+    const OrderedJson* c = field(m, "content");
     if (!c) {
       if (*role != "assistant") bad(where + ".content", "is required");
       nm["content"] = "";
     } else if (c->is_array()) {  // text parts are joined
       std::string text;
-      for (const Json& part : *c) {
+      for (const OrderedJson& part : *c) {
         if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
           bad(where + ".content", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
         text += part["text"].get<std::string>();
@@ -277,19 +277,19 @@ Json normalize_messages(const Json& messages) {
   return out;
 }
 
-CompletionRequest parse_chat(const Json& b, const tokenizer::Tokenizer& tok, const ApiLimits& lim,
-                             const ChatRenderer& render) {
+CompletionRequest parse_chat(const OrderedJson& b, const tokenizer::Tokenizer& tok, const ApiLimits& lim,
+                             const chat::Renderer& render) {
   CompletionRequest r;
   r.chat = true;
-  const Json* m = field(b, "messages");
+  const OrderedJson* m = field(b, "messages");
   if (!m) throw ApiError(400, "'messages' is required", "messages", "missing_required_parameter");
-  Json messages = normalize_messages(*m);
-  Json kwargs = Json::object();
-  if (const Json* k = field(b, "chat_template_kwargs")) {
+  OrderedJson messages = normalize_messages(*m);
+  OrderedJson kwargs = OrderedJson::object();
+  if (const OrderedJson* k = field(b, "chat_template_kwargs")) {
     if (!k->is_object()) bad("chat_template_kwargs", "expected an object");
     kwargs = *k;
   }
-  RenderedChat chat = render(messages, kwargs);
+  chat::Prompt chat = render_chat(render, messages, kwargs);
   r.prompts.push_back(encode_prompt(chat.text, tok, chat.add_special_tokens));
   if (r.prompts.back().empty()) bad("messages", "the messages render to an empty prompt");
   r.prompt_texts.push_back(chat.text);
@@ -300,6 +300,18 @@ CompletionRequest parse_chat(const Json& b, const tokenizer::Tokenizer& tok, con
     r.logprobs = static_cast<int>(*tl);
   }
   return r;
+}
+
+chat::Prompt render_chat(const chat::Renderer& render, const OrderedJson& messages, const OrderedJson& kwargs) {
+  if (!render.chat_template()) return render.render(messages);  // the fallback (contents joined by newlines)
+  if (auto it = kwargs.find("add_generation_prompt"); it != kwargs.end() && !it->is_boolean())
+    throw ApiError(400, "'add_generation_prompt' must be true or false", "add_generation_prompt", "invalid_value");
+  try {
+    return render.render(messages, kwargs);
+  } catch (const std::exception& e) {
+    throw ApiError(400, std::string("the chat template failed on these messages: ") + e.what(), "messages",
+                   "template_error");
+  }
 }
 
 }  // namespace kiln::server

@@ -1,14 +1,15 @@
 // The OpenAI request schema as the server reads it: ApiError (a 4xx/5xx in OpenAI's error shape)
 // and the parsed, validated form of a /v1/completions or /v1/chat/completions body.
 // Parsing needs no model: only the tokenizer, the context length and the server's defaults.
+// Bodies are parsed order-preserving, so chat messages reach the template with their key order.
 #pragma once
-#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kiln/base/json.h"
+#include "kiln/chat/prompt.h"
 #include "kiln/engine/sampler.h"
 #include "kiln/tokenizer/tokenizer.h"
 
@@ -51,22 +52,15 @@ struct CompletionRequest {
   int choices() const { return static_cast<int>(prompts.size()) * n; }
 };
 
-// A chat rendered to prompt text. A chat template writes its own special tokens; the fallback
-// for models without one (contents joined by newlines) is encoded like a plain prompt (with BOS).
-struct RenderedChat {
-  std::string text;
-  bool add_special_tokens = false;
-};
-// Renders normalized chat messages to a prompt; throws ApiError.
-using ChatRenderer = std::function<RenderedChat(const Json& messages, const Json& template_kwargs)>;
-
 // Parses the JSON text of a request body; malformed JSON or a non-object -> ApiError 400.
-Json parse_body(const std::string& body);
-CompletionRequest parse_completion(const Json& body, const tokenizer::Tokenizer& tok, const ApiLimits& lim);
-CompletionRequest parse_chat(const Json& body, const tokenizer::Tokenizer& tok, const ApiLimits& lim,
-                             const ChatRenderer& render);
+OrderedJson parse_body(const std::string& body);
+CompletionRequest parse_completion(const OrderedJson& body, const tokenizer::Tokenizer& tok, const ApiLimits& lim);
+CompletionRequest parse_chat(const OrderedJson& body, const tokenizer::Tokenizer& tok, const ApiLimits& lim,
+                             const chat::Renderer& render);
+// Renders normalized messages with a request's chat_template_kwargs; errors become ApiError 400.
+chat::Prompt render_chat(const chat::Renderer& render, const OrderedJson& messages, const OrderedJson& kwargs);
 // Checks chat messages' shape (role, content as a string or text parts) and returns them with
 // content joined into plain strings.
-Json normalize_messages(const Json& messages);
+OrderedJson normalize_messages(const OrderedJson& messages);
 
 }  // namespace kiln::server

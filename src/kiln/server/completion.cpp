@@ -206,7 +206,7 @@ static std::string sse(const Json& j) {
 
 void Server::completion(const httplib::Request& hreq, httplib::Response& res, bool chat) {
   auto ctx = std::make_shared<Ctx>();
-  Json body = parse_body(hreq.body);
+  OrderedJson body = parse_body(hreq.body);
   ctx->req = chat ? parse_chat(body, tok_, lim_, render_) : parse_completion(body, tok_, lim_);
   const CompletionRequest& r = ctx->req;
   if (engine_.queue_depth() + active_.load() >= cfg_.max_queue)

@@ -33,7 +33,7 @@ void send_error(httplib::Response& res, const ApiError& e) {
 }  // namespace
 
 Server::Server(ServerConfig cfg, const tokenizer::Tokenizer& tok, engine::EngineThread& engine, ApiLimits limits,
-               ChatRenderer render)
+               chat::Renderer render)
     : cfg_(std::move(cfg)), tok_(tok), engine_(engine), lim_(std::move(limits)), render_(std::move(render)),
       http_(std::make_unique<httplib::Server>()) {
   int threads = std::max(4, cfg_.http_threads);
@@ -133,7 +133,7 @@ void Server::routes() {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
   s.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    Json b = parse_body(req.body);
+    OrderedJson b = parse_body(req.body);
     auto text = b.find("content") != b.end() ? b.find("content") : b.find("prompt");
     if (text == b.end() || !text->is_string())
       throw ApiError(400, "'content' (or 'prompt') must be a string", "content", "invalid_value");
@@ -146,7 +146,7 @@ void Server::routes() {
     send_json(res, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", lim_.context_length}});
   }));
   s.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    Json b = parse_body(req.body);
+    OrderedJson b = parse_body(req.body);
     auto t = b.find("tokens");
     if (t == b.end() || !t->is_array()) throw ApiError(400, "'tokens' must be an array of token ids", "tokens", "invalid_value");
     std::vector<int32_t> ids;
@@ -160,13 +160,14 @@ void Server::routes() {
     send_json(res, 200, {{"content", text}, {"prompt", text}});
   }));
   s.Post("/apply-template", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    Json b = parse_body(req.body);
+    OrderedJson b = parse_body(req.body);
     auto m = b.find("messages");
     if (m == b.end()) throw ApiError(400, "'messages' is required", "messages", "missing_required_parameter");
-    Json kwargs = b.contains("chat_template_kwargs") && b["chat_template_kwargs"].is_object() ? b["chat_template_kwargs"]
-                                                                                               : Json::object();
+    OrderedJson kwargs = b.contains("chat_template_kwargs") && b["chat_template_kwargs"].is_object()
+                             ? b["chat_template_kwargs"]
+                             : OrderedJson::object();
     if (b.contains("add_generation_prompt")) kwargs["add_generation_prompt"] = b["add_generation_prompt"];
-    RenderedChat chat = render_(normalize_messages(*m), kwargs);
+    chat::Prompt chat = render_chat(render_, normalize_messages(*m), kwargs);
     send_json(res, 200, {{"prompt", chat.text}});
   }));
   // Preflight for paths without CORS configured still answers (no headers).

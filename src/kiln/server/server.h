@@ -41,7 +41,7 @@ struct HttpCounters {
 class Server {
  public:
   Server(ServerConfig cfg, const tokenizer::Tokenizer& tok, engine::EngineThread& engine, ApiLimits limits,
-         ChatRenderer render);
+         chat::Renderer render);
   ~Server();
   // Binds the socket (throws kiln::Error when it cannot); port() is known afterwards.
   void bind();
@@ -60,7 +60,7 @@ class Server {
   const tokenizer::Tokenizer& tok_;
   engine::EngineThread& engine_;
   ApiLimits lim_;
-  ChatRenderer render_;
+  chat::Renderer render_;
   std::unique_ptr<httplib::Server> http_;
   HttpCounters counters_;
   std::atomic<int> active_{0};  // completion requests in flight

@@ -1,6 +1,6 @@
-// Python str semantics over UTF-8 (see jinja_strings.h). Case mapping and classification use
+// Python str semantics over UTF-8 (see strings.h). Case mapping and classification use
 // glibc's C.UTF-8 tables through *_l functions, so the process locale is never changed.
-#include "kiln/tokenizer/jinja_strings.h"
+#include "kiln/jinja/strings.h"
 
 #include <locale.h>
 #include <wctype.h>
@@ -10,7 +10,7 @@
 
 #include "kiln/base/utf8.h"
 
-namespace kiln::tokenizer::jinja::pystr {
+namespace kiln::jinja::pystr {
 namespace {
 
 locale_t utf8_locale() {
@@ -379,4 +379,4 @@ std::vector<int64_t> slice_indices(int64_t n, std::optional<int64_t> start, std:
   return out;
 }
 
-}  // namespace kiln::tokenizer::jinja::pystr
+}  // namespace kiln::jinja::pystr

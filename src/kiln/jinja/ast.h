@@ -6,9 +6,9 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/tokenizer/jinja_value.h"
+#include "kiln/jinja/value.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
 enum class ExprKind : uint8_t {
   Const,    // value
@@ -91,4 +91,4 @@ struct Stmt {
   bool uses_caller = false, uses_varargs = false, uses_kwargs = false;
 };
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

@@ -1,16 +1,16 @@
-// Jinja parser, statements half (see jinja_parser.h): a recursive-descent port of jinja2's parser
+// Jinja parser, statements half (see parser.h): a recursive-descent port of jinja2's parser
 // for tags (for/if/set/macro/call/filter/with/print/break/continue/generation) and assignment
-// targets. Expressions are in jinja_parser_expr.cpp.
-#include "kiln/tokenizer/jinja_parser.h"
+// targets. Expressions are in parser_expr.cpp.
+#include "kiln/jinja/parser.h"
 
 #include <cerrno>
 #include <cstdlib>
 #include <set>
 
 #include "kiln/base/error.h"
-#include "kiln/tokenizer/jinja_parser_impl.h"
+#include "kiln/jinja/parser_impl.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 const std::set<std::string> kFilters = {
@@ -324,4 +324,4 @@ Body parse_template(std::string_view source, const LexerOptions& options) {
   return Parser(tokenize(source, options)).parse();
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

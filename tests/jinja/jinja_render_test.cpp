@@ -6,9 +6,9 @@
 #include <string>
 
 #include "kiln/base/error.h"
-#include "kiln/tokenizer/jinja_renderer.h"
+#include "kiln/jinja/renderer.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 const char* kContext = R"json({"n": 7, "f": 2.5, "s": "  Hello World  ", "u": "café 日本語 😀", "t": true, "z": null, "e": "", "l": [3, 1, 2],
@@ -118,4 +118,4 @@ TEST(JinjaRender, ContextIsNotModified) {
 }
 
 }  // namespace
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

@@ -1,16 +1,16 @@
-// Renders a parsed template (see jinja_renderer.h). Scopes live in an arena owned by the render
+// Renders a parsed template (see renderer.h). Scopes live in an arena owned by the render
 // call, so macros and loop objects can point at their defining scope without reference cycles;
 // everything is released when render() returns.
-#include "kiln/tokenizer/jinja_renderer.h"
+#include "kiln/jinja/renderer.h"
 
 #include <deque>
 #include <unordered_map>
 
 #include "kiln/base/error.h"
-#include "kiln/tokenizer/jinja_builtins.h"
-#include "kiln/tokenizer/jinja_parser.h"
+#include "kiln/jinja/builtins.h"
+#include "kiln/jinja/parser.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 constexpr int kMaxDepth = 200;                  // nested macro calls / recursive loops
@@ -440,4 +440,4 @@ Template::Template(std::string_view source, const LexerOptions& options)
 
 std::string Template::render(const DictData& context) const { return Renderer().run(*body_, context); }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

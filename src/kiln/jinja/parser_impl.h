@@ -1,15 +1,15 @@
-// The Jinja parser's class, shared by its two halves: jinja_parser.cpp (statements) and
-// jinja_parser_expr.cpp (expressions). Private to the interpreter; use jinja_parser.h.
+// The Jinja parser's class, shared by its two halves: parser.cpp (statements) and
+// parser_expr.cpp (expressions). Private to the interpreter; use parser.h.
 #pragma once
 #include <initializer_list>
 #include <string>
 #include <vector>
 
 #include "kiln/base/error.h"
-#include "kiln/tokenizer/jinja_ast.h"
-#include "kiln/tokenizer/jinja_lexer.h"
+#include "kiln/jinja/ast.h"
+#include "kiln/jinja/lexer.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
 // Token description for messages ("end of print statement", a name, an operator).
 const char* describe(const Token& t);
@@ -71,7 +71,7 @@ class Parser {
     return next().value;
   }
 
-  // ---- statements (jinja_parser.cpp) ----
+  // ---- statements (parser.cpp) ----
   Body subparse(Names end_tokens);
   Body parse_statements(Names end_tokens, bool drop_needle, const char* opener, int line);
   StmtPtr parse_statement();
@@ -87,7 +87,7 @@ class Parser {
   Target to_target(const Expr& e);
   Target parse_assign_target(bool with_tuple, bool name_only, Names extra_end, bool with_namespace);
 
-  // ---- expressions (jinja_parser_expr.cpp) ----
+  // ---- expressions (parser_expr.cpp) ----
   bool is_tuple_end(Names extra_end) const;
   ExprPtr parse_tuple(bool simplified, bool with_condexpr, Names extra_end, bool explicit_parens);
   ExprPtr parse_expression(bool with_condexpr);
@@ -133,4 +133,4 @@ class Parser {
   int nesting_ = 0;
 };
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

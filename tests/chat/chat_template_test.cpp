@@ -10,9 +10,9 @@
 #include <string>
 
 #include "kiln/base/error.h"
-#include "kiln/tokenizer/chat_template.h"
+#include "kiln/chat/chat_template.h"
 
-namespace kiln::tokenizer {
+namespace kiln::chat {
 namespace {
 
 namespace fs = std::filesystem;
@@ -185,4 +185,4 @@ TEST(ChatTemplate, BadTemplatesAndRequestsFailWithAMessage) {
 }
 
 }  // namespace
-}  // namespace kiln::tokenizer
+}  // namespace kiln::chat

@@ -3,11 +3,11 @@
 #include <cstdlib>
 #include <ctime>
 
-#include "kiln/tokenizer/jinja_builtins.h"
-#include "kiln/tokenizer/jinja_parser.h"
-#include "kiln/tokenizer/jinja_strings.h"
+#include "kiln/jinja/builtins.h"
+#include "kiln/jinja/parser.h"
+#include "kiln/jinja/strings.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 const Value& arg(const std::string& test, const CallArgs& args) {
@@ -194,4 +194,4 @@ void add_globals(DictData& g) {
         }));
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

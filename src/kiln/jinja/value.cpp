@@ -1,6 +1,6 @@
 // Python semantics of Jinja values: printing (str/repr), truthiness, ==/<, JSON in and out.
 // json_dumps reproduces Python's json.dumps byte for byte (what transformers' tojson calls).
-#include "kiln/tokenizer/jinja_value.h"
+#include "kiln/jinja/value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -8,9 +8,9 @@
 #include <cstdio>
 
 #include "kiln/base/utf8.h"
-#include "kiln/tokenizer/jinja_strings.h"
+#include "kiln/jinja/strings.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
 namespace {
 
@@ -431,4 +431,4 @@ std::string json_dumps(const Value& v, const JsonDumpOptions& opt) {
   return out;
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

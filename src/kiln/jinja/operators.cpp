@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "kiln/tokenizer/jinja_builtins.h"
-#include "kiln/tokenizer/jinja_strings.h"
+#include "kiln/jinja/builtins.h"
+#include "kiln/jinja/strings.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 [[noreturn]] void unsupported_operands(const std::string& op, const Value& a, const Value& b) {
@@ -241,4 +241,4 @@ std::optional<double> to_float(const Value& v) {
   return d;
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "kiln/tokenizer/jinja_builtins.h"
-#include "kiln/tokenizer/jinja_strings.h"
+#include "kiln/jinja/builtins.h"
+#include "kiln/jinja/strings.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 Value str_value(std::string s) { return Value::string(std::move(s)); }
@@ -450,4 +450,4 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& args
   throw TemplateError("unsupported filter '" + name + "'");
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

@@ -6,10 +6,10 @@
 #include <cstdio>
 
 #include "kiln/base/utf8.h"
-#include "kiln/tokenizer/jinja_builtins.h"
-#include "kiln/tokenizer/jinja_strings.h"
+#include "kiln/jinja/builtins.h"
+#include "kiln/jinja/strings.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 // Widths and precisions past this are refused (Python would try to build the string).
@@ -408,4 +408,4 @@ std::string percent_format(const std::string& fmt, const Value& args) {
   return out;
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

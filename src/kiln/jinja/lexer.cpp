@@ -1,15 +1,15 @@
-// Jinja lexer (see jinja_lexer.h). It follows jinja2's lexer state machine: the root state scans
+// Jinja lexer (see lexer.h). It follows jinja2's lexer state machine: the root state scans
 // for the first `{{`, `{%` or `{#`; tag states read expression tokens until their end delimiter
 // (only while brackets are balanced, so `{{ {'a': 1} }}` works).
-#include "kiln/tokenizer/jinja_lexer.h"
+#include "kiln/jinja/lexer.h"
 
 #include <algorithm>
 
 #include "kiln/base/error.h"
 #include "kiln/base/utf8.h"
-#include "kiln/tokenizer/jinja_strings.h"
+#include "kiln/jinja/strings.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
@@ -395,4 +395,4 @@ std::vector<Token> tokenize(std::string_view source, const LexerOptions& options
   return Lexer(normalize_newlines(source, options.keep_trailing_newline), options).run();
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

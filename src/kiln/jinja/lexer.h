@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
 enum class TokenType : uint8_t {
   Data,        // template text, printed as is
@@ -43,4 +43,4 @@ std::vector<Token> tokenize(std::string_view source, const LexerOptions& options
 // (\n \t \\ \' \" \xNN \uNNNN \UNNNNNNNN \ooo; unknown escapes keep the backslash).
 std::string decode_string_literal(std::string_view body, int line);
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

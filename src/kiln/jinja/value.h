@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
 // A failure while rendering (Python's TypeError, UndefinedError, ...). The renderer adds the
 // template line and turns it into kiln::Error("template", ...).
@@ -200,4 +200,4 @@ struct JsonDumpOptions {
 };
 std::string json_dumps(const Value& v, const JsonDumpOptions& opt);
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

@@ -11,11 +11,11 @@
 #include <utility>
 #include <vector>
 
-namespace kiln::tokenizer {
-
-namespace jinja {
+namespace kiln::jinja {
 class Template;
 }
+
+namespace kiln::chat {
 
 class ChatTemplate {
  public:
@@ -27,9 +27,6 @@ class ChatTemplate {
   static ChatTemplate from_model_dir_with_template(const std::string& dir, std::string source);
   // One template from source text with the given bos/eos strings.
   static ChatTemplate from_string(std::string source, std::string bos_token = "", std::string eos_token = "");
-
-  // Replaces the template(s) (`--chat-template FILE`), keeping the special tokens.
-  void set_template(std::string source);
 
   // messages/tools as OpenAI JSON (tools null -> None in the template); extra is merged into
   // the context (chat_template_kwargs). With named templates, "tool_use" is chosen when tools
@@ -46,6 +43,8 @@ class ChatTemplate {
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
 
  private:
+  void set_template(std::string source);  // replaces the template(s), keeping the special tokens
+
   struct Named {
     std::string name;
     std::shared_ptr<const jinja::Template> tmpl;
@@ -54,4 +53,4 @@ class ChatTemplate {
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
 };
 
-}  // namespace kiln::tokenizer
+}  // namespace kiln::chat

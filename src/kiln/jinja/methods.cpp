@@ -4,10 +4,10 @@
 // are unsafe in the sandbox: they resolve to an Undefined that fails when used.
 #include <set>
 
-#include "kiln/tokenizer/jinja_builtins.h"
-#include "kiln/tokenizer/jinja_strings.h"
+#include "kiln/jinja/builtins.h"
+#include "kiln/jinja/strings.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 const std::set<std::string> kStrMethods = {
@@ -348,4 +348,4 @@ Value call_value(const Value& callee, const CallArgs& args) {
   throw TemplateError("'" + type_name(callee) + "' object is not callable");
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace kiln::tokenizer::jinja::pystr {
+namespace kiln::jinja::pystr {
 
 std::u32string decode(std::string_view s);
 std::string encode(std::u32string_view s);
@@ -53,4 +53,4 @@ int64_t word_count(std::string_view s);
 std::vector<int64_t> slice_indices(int64_t n, std::optional<int64_t> start, std::optional<int64_t> stop,
                                    std::optional<int64_t> step);
 
-}  // namespace kiln::tokenizer::jinja::pystr
+}  // namespace kiln::jinja::pystr

@@ -6,10 +6,10 @@
 #include <string>
 #include <string_view>
 
-#include "kiln/tokenizer/jinja_ast.h"
-#include "kiln/tokenizer/jinja_lexer.h"
+#include "kiln/jinja/ast.h"
+#include "kiln/jinja/lexer.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
 class Template {
  public:
@@ -26,4 +26,4 @@ class Template {
   std::shared_ptr<const Body> body_;
 };
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

@@ -4,10 +4,10 @@
 #include <string_view>
 #include <vector>
 
-#include "kiln/tokenizer/jinja_ast.h"
-#include "kiln/tokenizer/jinja_lexer.h"
+#include "kiln/jinja/ast.h"
+#include "kiln/jinja/lexer.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
 // Parses a whole template. Syntax errors and tags/filters/tests the interpreter does not
 // know throw kiln::Error("template", "line N: ...").
@@ -18,4 +18,4 @@ Body parse_template(std::string_view source, const LexerOptions& options = {});
 bool is_jinja_filter(const std::string& name);
 bool is_jinja_test(const std::string& name);
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

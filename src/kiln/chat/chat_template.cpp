@@ -2,41 +2,28 @@
 // chat_template.jinja clobbers the config's template; additional_chat_templates/*.jinja add
 // named ones; the context is messages, tools, documents (None), add_generation_prompt, the
 // special tokens, then the extra kwargs.
-#include "kiln/tokenizer/chat_template.h"
+#include "kiln/chat/chat_template.h"
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
-#include "kiln/base/error.h"
-#include "kiln/tokenizer/jinja_renderer.h"
-#include "kiln/tokenizer/jinja_value.h"
+#include "kiln/base/json.h"
+#include "kiln/base/mapped_file.h"
+#include "kiln/jinja/renderer.h"
+#include "kiln/jinja/value.h"
 
-namespace kiln::tokenizer {
+namespace kiln::chat {
 namespace fs = std::filesystem;
-using OJson = nlohmann::ordered_json;
+using OJson = OrderedJson;
 
 namespace {
 
 const char* kSpecialTokenKeys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
                                    "pad_token", "cls_token", "mask_token"};
 
-std::string read_text(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("template", "cannot read {}", path.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const fs::path& path) { return read_file(path.string(), "template"); }
 
-OJson read_json(const fs::path& path) {
-  try {
-    return OJson::parse(read_text(path));
-  } catch (const OJson::parse_error& e) {
-    fail("template", "{}: invalid JSON: {}", path.string(), e.what());
-  }
-}
+OJson read_json(const fs::path& path) { return parse_ordered_json(read_text(path), path.string(), "template"); }
 
 // A special token in a config: a string, or an AddedToken dict {"content": ...}.
 std::optional<std::string> token_string(const OJson& v) {
@@ -204,4 +191,4 @@ std::string ChatTemplate::render_request(const OJson& request) const {
   return render(request["messages"], tools, add_generation_prompt, extra.is_null() ? OJson::object() : extra);
 }
 
-}  // namespace kiln::tokenizer
+}  // namespace kiln::chat

@@ -5,10 +5,10 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "kiln/tokenizer/jinja_parser.h"
-#include "kiln/tokenizer/jinja_parser_impl.h"
+#include "kiln/jinja/parser.h"
+#include "kiln/jinja/parser_impl.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
 bool Parser::is_tuple_end(Names extra_end) const {
   if (cur().type == TokenType::VarEnd || cur().type == TokenType::BlockEnd || is_op(")")) return true;
@@ -407,4 +407,4 @@ ExprPtr Parser::parse_test(ExprPtr node) {
   return n;
 }
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

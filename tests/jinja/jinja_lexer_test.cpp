@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "kiln/base/error.h"
-#include "kiln/tokenizer/jinja_lexer.h"
+#include "kiln/jinja/lexer.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 namespace {
 
 // Tokens as "T:value" strings (D data, N name, S string, I int, F float, O op, {{ }} {% %}).
@@ -103,4 +103,4 @@ TEST(JinjaLexer, Errors) {
 }
 
 }  // namespace
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja

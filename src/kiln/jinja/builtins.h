@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "kiln/tokenizer/jinja_value.h"
+#include "kiln/jinja/value.h"
 
-namespace kiln::tokenizer::jinja {
+namespace kiln::jinja {
 
-// ---- operators (jinja_operators.cpp) ----
+// ---- operators (operators.cpp) ----
 // op in {+ - * / // % ** ~}; Python semantics (str/list concatenation and repetition, true
 // division, floor division/modulo toward -inf, str % args formatting).
 Value binary_op(const std::string& op, const Value& a, const Value& b);
@@ -30,7 +30,7 @@ int64_t length(const Value& v);
 std::optional<int64_t> to_int(const Value& v);
 std::optional<double> to_float(const Value& v);
 
-// ---- access and methods (jinja_methods.cpp) ----
+// ---- access and methods (methods.cpp) ----
 // obj.name: a method first (bound as a Function value), then obj[name]; Undefined when absent.
 Value get_attribute(const Value& obj, const std::string& name);
 // obj[key]: the item first, then a method named key; Undefined when absent.
@@ -40,7 +40,7 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
 // Calls a Function or callable Object; anything else raises.
 Value call_value(const Value& callee, const CallArgs& args);
 
-// ---- formatting (jinja_format.cpp) ----
+// ---- formatting (format.cpp) ----
 // format(value, spec) with Python's format-spec mini language.
 std::string format_value(const Value& v, const std::string& spec);
 // str.format(*args, **kwargs).
@@ -48,13 +48,13 @@ std::string str_format(const std::string& fmt, const CallArgs& args);
 // fmt % args (args: a tuple, a dict for %(name)s, or one value).
 std::string percent_format(const std::string& fmt, const Value& args);
 
-// ---- filters and tests (jinja_filters.cpp) ----
+// ---- filters and tests (filters.cpp) ----
 // `value|name(args)`. Filters jinja2 has but the interpreter lacks raise "unsupported filter".
 Value apply_filter(const std::string& name, const Value& value, const CallArgs& args);
 // `value is name(args)`.
 bool apply_test(const std::string& name, const Value& value, const CallArgs& args);
 
-// ---- globals (jinja_filters.cpp) ----
+// ---- globals (filters.cpp) ----
 // range, dict, namespace, cycler/joiner/lipsum (unsupported), raise_exception, strftime_now.
 // strftime_now formats the current local time, or KILN_FAKE_DATE ("YYYY-MM-DD[THH:MM[:SS]]").
 void add_globals(DictData& globals);
@@ -75,4 +75,4 @@ class ArgBinder {
   std::vector<const Value*> bound_;
 };
 
-}  // namespace kiln::tokenizer::jinja
+}  // namespace kiln::jinja
