@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
       for (int p = 0; p < prefill + decode; ++p) tokens[p] = (p * 7919 + 3) % cfg.vocab_size;
       for (int i = 0; i < n_blocks; ++i) blocks[i] = i;
       engine::Sampler greedy({});
-      engine::SampleSpec spec{&greedy};
+      engine::SampleSpec spec;
+      spec.sampler = &greedy;
       auto step = [&](int begin, int end, int32_t first) {  // greedy: the last position's argmax
         tokens[begin] = first;
         engine::SeqChunk c{tokens, begin, end - begin, blocks, 1, &spec};

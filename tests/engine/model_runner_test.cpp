@@ -42,7 +42,7 @@ std::vector<std::vector<float>> one_at_a_time(model::Model& m, const std::vector
   const std::vector<int32_t> blocks = iota_blocks(0, 8);
   std::vector<std::vector<float>> rows;
   for (int p = 0; p < static_cast<int>(tokens.size()); ++p) {
-    SeqChunk c{tokens, p, 1, blocks, 1};
+    SeqChunk c{tokens, p, 1, blocks, 1, nullptr};
     Tensor l = r.logits({&c, 1});
     rows.emplace_back(l.ptr<float>(), l.ptr<float>() + l.numel());
   }
@@ -67,9 +67,9 @@ TEST(ModelRunner, SeveralLogitRowsOfOneSequenceEqualEachPositionAlone) {
   const std::vector<int32_t> ba = iota_blocks(0, 3), bb = iota_blocks(8, 2), bc = iota_blocks(16, 3);
   // b runs as a prefill then a decode step, so the batch mixes a 5-row chunk with 1-row chunks
   // that start past position 0.
-  SeqChunk pre{b, 0, 5, bb, 1};
+  SeqChunk pre{b, 0, 5, bb, 1, nullptr};
   r.logits({&pre, 1});
-  const SeqChunk chunks[] = {{a, 0, 12, ba, 5}, {b, 5, 2, bb, 1}, {c, 0, 9, bc, 1}};
+  const SeqChunk chunks[] = {{a, 0, 12, ba, 5, nullptr}, {b, 5, 2, bb, 1, nullptr}, {c, 0, 9, bc, 1, nullptr}};
   StepOutput out = r.run(chunks);
   ASSERT_EQ(out.logits.dim(0), 7);
   EXPECT_EQ(out.first_row, (std::vector<int>{0, 5, 6}));
@@ -103,7 +103,7 @@ TEST(ModelRunner, ProcessorsChangeTheRowBeforeSampling) {
   Sampler greedy({});
   Ban ban(best);
   LogitsProcessor* procs[] = {&ban};
-  SampleSpec spec{&greedy, a, {}, procs};
+  SampleSpec spec{&greedy, a, {}, procs, false};
   SeqChunk c{a, 0, 6, blocks, 1, &spec};
   StepOutput out = r.run({&c, 1});
   EXPECT_EQ(out.tokens[0], runner_up);
