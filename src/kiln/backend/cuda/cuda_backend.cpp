@@ -85,8 +85,6 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
   im.graphs_enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !im.profile;
   if (const char* pf = std::getenv("KILN_L2_PREFETCH_MB")) im.l2_prefetch_bytes = std::max(0ll, std::atoll(pf)) << 20;
-  const char* mlp = std::getenv("KILN_CUDA_FUSED_MLP");
-  im.fused_mlp = mlp && std::strcmp(mlp, "1") == 0;
   const char* dec = std::getenv("KILN_CUDA_FUSED_DECODER");
   im.fused_decoder = !(dec && std::strcmp(dec, "0") == 0);
   stamps_start();
@@ -131,7 +129,6 @@ CudaBackend::~CudaBackend() {
 
 const CudaStats& CudaBackend::stats() const { return impl_->stats; }
 void CudaBackend::set_attention_kernel(AttnKernel k) { impl_->attn_kernel = k; }
-void CudaBackend::set_fused_mlp(bool on) { impl_->fused_mlp = on; }
 void CudaBackend::set_fused_decoder(bool on) { impl_->fused_decoder = on; }
 
 void CudaBackend::set_graphs_enabled(bool on) {

@@ -62,13 +62,6 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, 
                       y.data, im.stream, qx, qx.base ? im.next_gemv_prefetch() : L2Prefetch());
 }
 
-void CudaBackend::gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
-                            Tensor& out) {
-  out.sidecar.reset();  // written here (TensorSidecar)
-  if (fused_enabled() && quantized_gated_mlp(*this, *impl_, x, gate, up, down, act, out)) return;
-  Backend::gated_mlp(x, gate, up, down, act, out);
-}
-
 bool CudaBackend::decoder_stack(const DecoderStackArgs& a, Tensor& x) {
   x.sidecar.reset();  // written here (TensorSidecar)
   return fused_enabled() && quantized_decoder_stack(*this, *impl_, a, x);
@@ -142,7 +135,7 @@ void CudaBackend::matmul_multi(const Tensor& x, std::span<const Weight* const> w
   }
   // The fused launch: one token of bf16 x and every weight a dense bf16 matrix that gemv_fast takes
   // (what matmul would run for each pair alone, so the values are the same); else the loop.
-  if (w.size() < 2 || !fused_enabled() || !gemv_fast_enabled() || x.dtype != DType::bf16 || x.rows() != 1 ||
+  if (w.size() < 2 || !fused_enabled() || x.dtype != DType::bf16 || x.rows() != 1 ||
       x.device != Device::cuda || x.empty())
     return Backend::matmul_multi(x, w, y);
   const int64_t in = x.cols();

@@ -68,8 +68,8 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// CudaBackends alive in the process. The persistent kernels (launch_q4_gated_mlp, launch_q4_decoder)
-// are launched only while there is one: each spins at grid barriers that need all of its blocks
+// CudaBackends alive in the process. The persistent kernel (launch_q4_decoder) is launched only
+// while there is one: it spins at grid barriers that need all of its blocks
 // resident, so two of them on two backends' streams at once could each hold SMs the other waits for.
 int live_cuda_backends();
 
@@ -82,9 +82,8 @@ struct CudaBackend::Impl {
   // Arrival counters of the decode attention's split merge (launch_attention_decode), zero between launches.
   unsigned* attn_counters = nullptr;
   int64_t attn_counters_n = 16384;
-  // The fused gated MLP (set_fused_mlp) and the grid barrier's arrival counters of it and the
-  // decoder stack (launch_q4_gated_mlp, launch_q4_decoder): kGridBarrierWords zeroed words.
-  bool fused_mlp = false;
+  // The grid barrier's arrival counters of the decoder stack (launch_q4_decoder): kGridBarrierWords
+  // zeroed words.
   bool fused_decoder = true;  // set_fused_decoder
   unsigned long long* grid_barrier = nullptr;
   CudaStats stats;

@@ -214,35 +214,6 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
   return true;
 }
 
-bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& gate,
-                         const Weight& up, const Weight& down, Activation act, Tensor& out) {
-  if (!im.fused_mlp || x.rows() != 1 || live_cuda_backends() > 1) return false;
-  const Weight* ws[] = {&gate, &up, &down};
-  for (const Weight* w : ws)
-    if (!w->quantized() || w->bits != 4 || !w->bias.empty() || w->group_size != gate.group_size ||
-        w->scales.dtype != gate.scales.dtype)
-      return false;
-  if (gate.scales.dtype == DType::f32 || gate.out_features() != up.out_features() ||
-      gate.in_features() != up.in_features() || down.in_features() != gate.out_features() ||
-      down.out_features() != gate.in_features())  // the kernel's shapes; others take the separate ops
-    return false;
-  Tensor h = be.alloc(DType::bf16, {1, gate.out_features()});  // act(gate(x)) * up(x)
-  const QCall cg = check_quantized_matmul(im, x, gate, h), cu = check_quantized_matmul(im, x, up, h),
-              cd = check_quantized_matmul(im, h, down, out);
-  const QGatedMlp m{cg.q.args, cu.q.args, cd.q.args, static_cast<int>(act)};
-  if (!q4_gated_mlp_fits(m)) return false;
-  Tensor xb = bf16_input(be, im, x);
-  const QWeightArgs gu[] = {m.gate, m.up};  // one GEMV of the separate ops
-  note_q4_gemv(im, gu, 2);
-  note_q4_gemv(im, &m.down, 1);
-  if (im.skip()) return true;
-  ProfScope ps(im, "gated_mlp (4-bit, fused)");
-  launch_q4_gated_mlp(m, xb.data, h.data, out.data, dt_of(out, "gated_mlp", "out"), im.grid_barrier, im.n_sms,
-                      im.stream);
-  ++im.stats.fused_mlps;
-  return true;
-}
-
 bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const DecoderStackArgs& a, Tensor& x) {
   const AttnParams& ap = a.attn;
   auto on_device = [](const Tensor& t, DType dt) { return !t.empty() && t.device == Device::cuda && t.dtype == dt; };
@@ -307,7 +278,7 @@ bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const Decod
          h = be.alloc(DType::bf16, {ffn}), partials = be.alloc(DType::f32, {q4_decoder_partial_floats(*d, im.n_sms)});
   d->x = x.data, d->qkv = qkv.data, d->attn = attn.data, d->h = h.data;
   d->partials = static_cast<float*>(partials.data);
-  d->counters = reinterpret_cast<unsigned*>(im.grid_barrier + kQGatedMlpMaxGrid + 1);
+  d->counters = reinterpret_cast<unsigned*>(im.grid_barrier + kGridMaxBlocks + 1);
   if (im.skip()) return true;
   ProfScope ps(im, "decoder_stack (4-bit)");
   launch_q4_decoder(*d, im.grid_barrier, im.n_sms, im.stream);

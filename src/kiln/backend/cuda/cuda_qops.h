@@ -18,12 +18,6 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
 // false (nothing done) otherwise, and the caller multiplies one weight at a time.
 bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x,
                             std::span<const Weight* const> ws, std::span<Tensor* const> ys);
-// gated_mlp's 4-bit case: one token through 4-bit gate/up/down of one scale dtype (bf16 or f16) and
-// group size, without biases, in one launch (launch_q4_gated_mlp; the separate ops' values up to f32
-// summation order) when this is the process's only CudaBackend (live_cuda_backends); returns false
-// (nothing done) otherwise, and the caller runs Backend's sequence.
-bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& gate,
-                         const Weight& up, const Weight& down, Activation act, Tensor& out);
 // decoder_stack's 4-bit case (launch_q4_decoder): returns false (nothing done) unless it is on
 // (Impl::fused_decoder), this is the process's only CudaBackend (live_cuda_backends), x is one bf16
 // token, every layer's seven matrices are 4-bit of one group size and 2-byte scale dtype without
