@@ -80,13 +80,11 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   im.arena->capacity = kInitialArena;
   im.stats.arena_bytes = kInitialArena;
   im.staging = pinned(kInitialStaging);
-  const char* prof = std::getenv("KILN_CUDA_PROFILE");
-  im.profile = prof && std::strcmp(prof, "0") != 0;
-  const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
-  im.graphs_enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !im.profile;
-  if (const char* pf = std::getenv("KILN_L2_PREFETCH_MB")) im.l2_prefetch_bytes = std::max(0ll, std::atoll(pf)) << 20;
-  const char* dec = std::getenv("KILN_CUDA_FUSED_DECODER");
-  im.fused_decoder = !(dec && std::strcmp(dec, "0") == 0);
+  im.opt = CudaOptions::from_env();
+  im.profile = im.opt.profile;
+  im.graphs_enabled = im.opt.graphs && !im.profile;
+  im.l2_prefetch_bytes = im.opt.l2_prefetch_mb << 20;
+  im.fused_decoder = im.opt.fused_decoder;
   stamps_start();
   ++g_live_backends;  // last: a constructor that throws leaves no backend
 }

@@ -2,10 +2,8 @@
 // <op>: ..."), weight residency, and one launch each (fused.cu, gemv_fast.cu). The choice between
 // the fused launch and Backend's default loop depends only on shapes, dtypes and addresses known
 // on the host, so a captured graph replays the same choice; in replay mode an op checks and returns.
-// KILN_CUDA_FUSED=0 runs Backend's defaults (the separate ops) instead, for A/B measurements.
+// KILN_CUDA_FUSED=0 (CudaOptions::fused) runs Backend's defaults (the separate ops) instead.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "kiln/backend/cuda/cuda_impl.h"
@@ -16,14 +14,6 @@ namespace kiln::backend::cuda {
 namespace {
 
 static_assert(Backend::kMaxMultiMatmul == GemvFastMulti::kMax, "one launch must hold every pair");
-
-bool fused_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_FUSED");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
 
 void require_dev_act(const Tensor& t, const char* op, const char* arg) {
   if (t.numel() != 0 && (t.empty() || t.device != Device::cuda))
@@ -43,7 +33,7 @@ void require_dev_i32(const Tensor& t, const char* op, const char* arg) {
 void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, bool one_plus_w,
                                Tensor& y) {
   x.sidecar.reset();  // written here (TensorSidecar)
-  if (!fused_enabled()) return Backend::add_rms_norm(x, delta, w, eps, one_plus_w, y);
+  if (!impl_->opt.fused) return Backend::add_rms_norm(x, delta, w, eps, one_plus_w, y);
   Impl& im = *impl_;
   require_dev_act(x, "add_rms_norm", "x");
   require_dev_act(delta, "add_rms_norm", "delta");
@@ -64,7 +54,7 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, 
 
 bool CudaBackend::decoder_stack(const DecoderStackArgs& a, Tensor& x) {
   x.sidecar.reset();  // written here (TensorSidecar)
-  return fused_enabled() && quantized_decoder_stack(*this, *impl_, a, x);
+  return impl_->opt.fused && quantized_decoder_stack(*this, *impl_, a, x);
 }
 
 namespace {
@@ -87,7 +77,7 @@ FusedDecoder* CudaBackend::fused_decoder() {
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
                                 float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
   q.sidecar.reset(), k.sidecar.reset();  // written here (TensorSidecar)
-  if (!fused_enabled()) return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, k_cache, v_cache);
+  if (!impl_->opt.fused) return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, k_cache, v_cache);
   Impl& im = *impl_;
   const char* op = "rope_kv_write";
   require_dev_act(q, op, "q");
@@ -130,12 +120,12 @@ void CudaBackend::matmul_multi(const Tensor& x, std::span<const Weight* const> w
   bool quantized = false;
   for (const Weight* wi : w) quantized |= wi->quantized();
   if (quantized) {  // all 4-bit and few tokens: one launch of the tensor-core GEMV; else one matmul each
-    if (w.size() < 2 || !fused_enabled() || !quantized_matmul_multi(*this, im, x, w, y)) Backend::matmul_multi(x, w, y);
+    if (w.size() < 2 || !impl_->opt.fused || !quantized_matmul_multi(*this, im, x, w, y)) Backend::matmul_multi(x, w, y);
     return;
   }
   // The fused launch: one token of bf16 x and every weight a dense bf16 matrix that gemv_fast takes
   // (what matmul would run for each pair alone, so the values are the same); else the loop.
-  if (w.size() < 2 || !fused_enabled() || x.dtype != DType::bf16 || x.rows() != 1 ||
+  if (w.size() < 2 || !impl_->opt.fused || x.dtype != DType::bf16 || x.rows() != 1 ||
       x.device != Device::cuda || x.empty())
     return Backend::matmul_multi(x, w, y);
   const int64_t in = x.cols();

@@ -14,6 +14,7 @@
 
 #include "kiln/backend/cuda/cuda_backend.h"
 #include "kiln/backend/cuda/kernels.h"
+#include "kiln/backend/cuda/options.h"
 
 namespace kiln::backend::cuda {
 
@@ -74,6 +75,7 @@ struct GemmPlan {
 int live_cuda_backends();
 
 struct CudaBackend::Impl {
+  CudaOptions opt;  // the environment's switches at construction (options.h)
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
@@ -141,7 +143,7 @@ struct CudaBackend::Impl {
   // sequence; a wrong guess only costs bandwidth). The ops before a GEMV that leave DRAM idle
   // (add_rms_norm, gated_act) prefetch up to l2_prefetch_bytes of it: 4 MB measured best on the H200
   // (llama-3-8b 4-bit, medians of 9 alternating pairs in two calls: batch 8 +4.6%, batch 1 +2.4%, within
-  // its spread; 8 MB and more slowed batch 1). KILN_L2_PREFETCH_MB sets it (0: off).
+  // its spread; 8 MB and more slowed batch 1). CudaOptions::l2_prefetch_mb sets it (0: off).
   using Ranges = std::vector<std::pair<const void*, int64_t>>;
   std::vector<Ranges> gemv_seq, gemv_prev;
   int64_t l2_prefetch_bytes = int64_t{4} << 20;
