@@ -91,6 +91,9 @@ class CudaBackend final : public Backend {
   // Converts a device float tensor to another float dtype (tests; weights of other dtypes).
   Tensor convert(const Tensor& t, DType to);
   const CudaStats& stats() const;
+  // Whether a 4-bit GEMV reading x now would take the quantized copy the op that produced x wrote
+  // beside it (the activation cache, act_cache.cpp; tests).
+  bool has_cached_qx(const Tensor& x) const;
   void set_attention_kernel(AttnKernel k);
   void set_graphs_enabled(bool on);
   // The 4-bit decoder stack (decoder_stack): on by default; KILN_CUDA_FUSED_DECODER=0 or this turns

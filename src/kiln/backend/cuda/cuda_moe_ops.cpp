@@ -77,7 +77,6 @@ void require_dev(const Tensor& t, DType want, const char* op, const char* arg) {
 }  // namespace
 
 void CudaBackend::moe_route(const Tensor& logits, int top_k, bool norm_topk_prob, Tensor& ids, Tensor& weights) {
-  ids.sidecar.reset(), weights.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   const int64_t n = logits.rows(), n_experts = logits.cols();
   if (!impl_->opt.moe || n_experts > kMoeRouteMaxExperts)
@@ -111,7 +110,6 @@ bool CudaBackend::moe_on_device(std::span<const ExpertWeights> experts, int64_t 
 
 void CudaBackend::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, Activation act,
                               const Tensor& ids, const Tensor& weights, Tensor& out) {
-  out.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   const int64_t n = x.rows(), dim = x.cols(), n_experts = static_cast<int64_t>(experts.size());
   const bool act_ok = (x.dtype == DType::bf16 || x.dtype == DType::f32) &&

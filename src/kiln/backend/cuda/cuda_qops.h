@@ -10,8 +10,8 @@ namespace kiln::backend::cuda {
 
 // y [n, out] = x [n, in] · dequant(w)ᵀ (+ bias). Up to qgemv_max_tokens(bits) tokens (16 at 4 bits,
 // else 1): the quantized GEMV; more: row chunks dequantized to bf16 in per-step buffers, then the
-// dense cuBLASLt path of be.matmul. (Both matmul forms here are called by CudaBackend::matmul /
-// ::matmul_multi, which have already cleared the outputs' sidecars.)
+// dense cuBLASLt path of be.matmul. A 4-bit GEMV takes x's cached qx where its producer left one
+// (Impl::cached_qx); both forms end only the cached qx of what they write (Impl::skip(y)).
 void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& w, Tensor& y);
 // matmul_multi's quantized case: y_i = x · dequant(w_i)ᵀ for every i in one launch of the 4-bit
 // tensor-core GEMV when all weights are 4-bit and x has at most qgemv_max_tokens(4) tokens; returns
