@@ -3,10 +3,7 @@
 // the measured device copy bandwidth, per shape and bit width, and the sum of one decode step's
 // projections. Each shape cycles over enough weight copies (>= 384 MB) that L2 (50 MB) cannot serve
 // them; random packed words and scales. Usage: cuda_qgemv_bench [--reps N] [--bits B (16 = bf16)] [--batch N]
-// [--shape NAME (one of the shapes below, e.g. gate/up_proj)] [--mlp 1]. Prints JSON lines, then a table.
-// --mlp 1: instead, llama-3-8b's gated MLP (4096 x 14336, 4 bits g64, one token) inside a step after
-// an rms_norm (as a decode step runs it: x's qx made by the norm), through Backend::gated_mlp's
-// separate ops and through CudaBackend's fused launch (KILN_CUDA_FUSED_MLP=1), alternating rounds.
+// [--shape NAME (one of the shapes below, e.g. gate/up_proj)]. Prints JSON lines, then a table.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -55,64 +52,17 @@ double weight_bytes(const backend::Weight& w) {
   return static_cast<double>(w.w.nbytes() + w.scales.nbytes() + w.biases.nbytes());
 }
 
-int mlp_bench(backend::Backend& be, int reps, double copy_bw) {
-  const int64_t dim = 4096, ffn = 14336;
-  struct Mlp {
-    backend::Weight gate, up, down;
-  };
-  std::vector<Mlp> ms;
-  double bytes = 0;
-  do {
-    ms.push_back(
-        {make_weight(be, ffn, dim, 4, 64), make_weight(be, ffn, dim, 4, 64), make_weight(be, dim, ffn, 4, 64)});
-    bytes += weight_bytes(ms.back().gate) + weight_bytes(ms.back().up) + weight_bytes(ms.back().down);
-  } while (bytes < 384e6);
-  const double mb = bytes / ms.size();
-  Tensor xh = Tensor::host(DType::bf16, {1, dim}), wh = Tensor::host(DType::bf16, {dim});
-  for (int64_t i = 0; i < dim; ++i) {
-    xh.ptr<uint16_t>()[i] = f32_to_bf16((static_cast<int>(next_u32() % 2001) - 1000) * 1e-3f);
-    wh.ptr<uint16_t>()[i] = f32_to_bf16(1.0f);
-  }
-  Tensor x = be.upload(xh), nw = be.upload(wh), y = be.alloc(DType::bf16, {1, dim});
-  auto round = [&](bool fused) {
-    const int n = reps * static_cast<int>(ms.size());
-    be.begin_step();
-    auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      Tensor xn = be.alloc(DType::bf16, {1, dim});
-      be.rms_norm(x, nw, 1e-5f, false, xn);
-      const Mlp& m = ms[i % ms.size()];
-      if (fused) be.gated_mlp(xn, m.gate, m.up, m.down, backend::Activation::silu, y);
-      else be.backend::Backend::gated_mlp(xn, m.gate, m.up, m.down, backend::Activation::silu, y);
-    }
-    be.synchronize();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count() / n;
-    be.end_step();
-    return s;
-  };
-  round(false), round(true);  // warm-up: tiling, arena growth
-  for (int r = 0; r < 3; ++r)
-    for (bool fused : {false, true}) {
-      const double s = round(fused);
-      std::printf("{\"mlp\": \"%s\", \"us\": %.2f, \"GBs\": %.1f, \"fraction\": %.3f}\n", fused ? "fused" : "separate",
-                  s * 1e6, mb / s / 1e9, mb / s / copy_bw);
-    }
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 30, only_bits = 0, only_batch = 0, mlp = 0;  // 0: every run
+  int reps = 30, only_bits = 0, only_batch = 0;  // 0: every run
   std::string only_shape;                         // empty: every shape
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--bits") == 0) only_bits = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--batch") == 0) only_batch = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--shape") == 0) only_shape = argv[i + 1];
-    if (std::strcmp(argv[i], "--mlp") == 0) mlp = std::atoi(argv[i + 1]);
   }
-  if (mlp) setenv("KILN_CUDA_FUSED_MLP", "1", 1);  // CudaBackend reads it at construction
   try {
     if (!backend::cuda_device_available()) {
       std::fprintf(stderr, "cuda_qgemv_bench: no CUDA device\n");
@@ -134,7 +84,6 @@ int main(int argc, char** argv) {
       copy_bw = 2.0 * n / s;
       std::printf("{\"copy_bw_GBs\": %.1f}\n", copy_bw / 1e9);
     }
-    if (mlp) return mlp_bench(*be, reps, copy_bw);
     struct Shape {
       const char* name;
       int64_t out, in;

@@ -55,14 +55,12 @@ Tensor Tensor::view(Shape s) const {
   KILN_ASSERT(shape_numel(s) == numel(), "view {} of {}", shape_str(s), shape_str(shape));
   Tensor t = *this;
   t.shape = std::move(s);
-  t.sidecar.reset();
   return t;
 }
 
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   KILN_ASSERT(ndim() >= 1 && begin >= 0 && begin <= end && end <= shape[0], "slice [{}, {}) of {}", begin, end, shape_str(shape));
   Tensor t = *this;
-  t.sidecar.reset();
   size_t row_bytes = shape[0] == 0 ? 0 : nbytes() / shape[0];
   t.data = static_cast<char*>(data) + begin * row_bytes;
   t.shape[0] = end - begin;

@@ -22,21 +22,12 @@ using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& s);
 std::string shape_str(const Shape& s);
 
-// Data a backend derived from a tensor's contents when an op wrote them (CUDA: the quantized copy of
-// an activation that the 4-bit GEMV reads), carried with the tensor so that the op that reads it
-// next can skip that work. Ops that write a tensor replace or clear its sidecar; views and slices
-// start without one.
-struct TensorSidecar {
-  virtual ~TensorSidecar() = default;
-};
-
 struct Tensor {
   void* data = nullptr;
   DType dtype = DType::f32;
   Shape shape;
   Device device = Device::cpu;
   std::shared_ptr<void> holder;  // keeps `data` alive; empty for borrowed views
-  std::shared_ptr<const TensorSidecar> sidecar;
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return shape_numel(shape); }

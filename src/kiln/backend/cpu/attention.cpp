@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kiln/backend/checks.h"
 #include "kiln/backend/cpu/cpu_backend.h"
 
 namespace kiln::backend::cpu {
@@ -29,22 +30,11 @@ void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor
     if (t->dtype != DType::f32) fail("cpu", "attention: q, caches and out must be float32, got {}", dtype_name(t->dtype));
   for (const Tensor* t : {&block_tables, &token_seq, &token_pos})
     if (t->dtype != DType::i32) fail("cpu", "attention: block tables, token_seq and token_pos must be int32");
-  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.head_dim <= 0 || p.n_heads % p.n_kv_heads != 0 ||
-      p.block_size <= 0 || p.max_blocks <= 0)
-    fail("cpu", "attention: bad params n_heads={} n_kv_heads={} head_dim={} block_size={} max_blocks={}", p.n_heads,
-         p.n_kv_heads, p.head_dim, p.block_size, p.max_blocks);
+  checks::attention("cpu", q, k_cache, v_cache, block_tables, token_seq, token_pos, p, out);
   const int64_t n = token_seq.numel(), hd = p.head_dim, q_width = int64_t{p.n_heads} * hd,
                 kv_width = int64_t{p.n_kv_heads} * hd;
-  if (token_pos.numel() != n || q.numel() != n * q_width || out.numel() != n * q_width)
-    fail("cpu", "attention: q {} out {} for {} tokens of {} heads x {}", shape_str(q.shape), shape_str(out.shape), n,
-         p.n_heads, hd);
   const int64_t block_elems = int64_t{p.block_size} * kv_width;
-  if (k_cache.numel() != v_cache.numel() || k_cache.numel() % block_elems != 0)
-    fail("cpu", "attention: caches {} / {} are not [n_blocks, {}, {}]", shape_str(k_cache.shape),
-         shape_str(v_cache.shape), p.block_size, kv_width);
   const int64_t n_blocks = k_cache.numel() / block_elems;
-  if (block_tables.numel() % p.max_blocks != 0)
-    fail("cpu", "attention: block_tables of {} entries is not n_seqs x {}", block_tables.numel(), p.max_blocks);
   const int64_t n_seqs = block_tables.numel() / p.max_blocks;
   const int32_t* seq = token_seq.ptr<int32_t>();
   const int32_t* pos = token_pos.ptr<int32_t>();

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kiln/backend/checks.h"
+
 namespace kiln::backend::cpu {
 
 namespace {
@@ -22,7 +24,6 @@ void require_f32(const Tensor& t, const char* op, const char* arg) {
 void require_i32(const Tensor& t, const char* op, const char* arg) {
   if (t.dtype != DType::i32) fail("cpu", "{}: {} must be int32, got {}", op, arg, dtype_name(t.dtype));
 }
-bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 float gelu_tanh(float x) {
   const float c = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -44,9 +45,7 @@ Tensor CpuBackend::upload(const Tensor& host) { return host; }  // host memory i
 Tensor CpuBackend::to_host(const Tensor& t) { return t; }
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
-  if (src.dtype != dst.dtype || src.numel() != dst.numel())
-    fail("cpu", "copy: {} {} into {} {}", dtype_name(src.dtype), shape_str(src.shape), dtype_name(dst.dtype),
-         shape_str(dst.shape));
+  checks::copy("cpu", src, dst);
   if (src.data != dst.data) std::memmove(dst.data, src.data, src.nbytes());
 }
 
@@ -61,7 +60,7 @@ void CpuBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) 
   if (table.quantized()) {  // gather + dequantize: one packed row per token
     const QMatrix q = qmatrix_of(table);
     const int64_t n = ids.numel(), dim = q.in;
-    if (out.numel() != n * dim) fail("cpu", "embedding: out {} for {} ids of dim {}", shape_str(out.shape), n, dim);
+    checks::embedding_out("cpu", out, n, dim);
     const int32_t* id = ids.ptr<int32_t>();
     for (int64_t t = 0; t < n; ++t)
       if (id[t] < 0 || id[t] >= q.out) fail("cpu", "embedding: token id {} out of range [0, {})", id[t], q.out);
@@ -70,9 +69,9 @@ void CpuBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) 
     }, std::max<int64_t>(1, kElemChunk / std::max<int64_t>(1, dim)));
     return;
   }
-  if (!is_float(w.dtype) || w.ndim() != 2) fail("cpu", "embedding: table must be a 2-D float tensor, got {} {}", dtype_name(w.dtype), shape_str(w.shape));
+  checks::float_matrix("cpu", "embedding", "table", w);
   const int64_t n = ids.numel(), vocab = w.dim(0), dim = w.dim(1);
-  if (out.numel() != n * dim) fail("cpu", "embedding: out {} for {} ids of dim {}", shape_str(out.shape), n, dim);
+  checks::embedding_out("cpu", out, n, dim);
   const int32_t* id = ids.ptr<int32_t>();
   for (int64_t t = 0; t < n; ++t)
     if (id[t] < 0 || id[t] >= vocab) fail("cpu", "embedding: token id {} out of range [0, {})", id[t], vocab);
@@ -89,9 +88,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_
   require_f32(x, "rms_norm", "x");
   require_f32(y, "rms_norm", "y");
   const int64_t dim = x.cols(), rows = x.rows();
-  if (!is_float(w.dtype) || w.numel() != dim)
-    fail("cpu", "rms_norm: weight {} {} for rows of {}", dtype_name(w.dtype), shape_str(w.shape), dim);
-  if (y.numel() != x.numel()) fail("cpu", "rms_norm: y {} for x {}", shape_str(y.shape), shape_str(x.shape));
+  checks::rms_norm("cpu", x, w, y);
   // w_eff [dim]: the weight in f32, with Gemma's 1 + w folded in (computed in f32 as HF does).
   std::vector<float> w_eff(dim);
   k_.to_f32(w.data, w.dtype, w_eff.data(), dim);
@@ -110,11 +107,8 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_
 void CpuBackend::rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) {
   require_f32(x, "rope", "x");
   require_i32(pos, "rope", "pos");
-  require_f32(inv_freq, "rope", "inv_freq");
-  if (x.ndim() != 3) fail("cpu", "rope: x must be [n_tokens, n_heads, head_dim], got {}", shape_str(x.shape));
+  checks::rope("cpu", x, pos, inv_freq);
   const int64_t n = x.dim(0), n_heads = x.dim(1), head_dim = x.dim(2), half = inv_freq.numel();
-  if (pos.numel() != n) fail("cpu", "rope: {} positions for {} tokens", pos.numel(), n);
-  if (2 * half > head_dim) fail("cpu", "rope: rotary dim {} exceeds head_dim {}", 2 * half, head_dim);
   const float* f = inv_freq.ptr<float>();
   pool_.parallel_for(n, [&](int64_t b, int64_t e) {
     std::vector<float> cs(half), sn(half);
@@ -144,11 +138,8 @@ void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots,
   require_f32(k_cache, "kv_write", "k_cache");
   require_f32(v_cache, "kv_write", "v_cache");
   require_i32(slots, "kv_write", "slots");
+  checks::kv_write("cpu", k, v, slots, k_cache, v_cache);
   const int64_t n = slots.numel(), width = k.cols();
-  if (k.numel() != n * width || v.numel() != n * width || k_cache.cols() != width || v_cache.cols() != width ||
-      k_cache.numel() != v_cache.numel())
-    fail("cpu", "kv_write: k {} v {} slots {} caches {} {}", shape_str(k.shape), shape_str(v.shape), n,
-         shape_str(k_cache.shape), shape_str(v_cache.shape));
   const int64_t n_slots = k_cache.numel() / std::max<int64_t>(1, width);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t s = slots.ptr<int32_t>()[t];
@@ -168,9 +159,8 @@ void CpuBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act,
   require_f32(gate, "gated_act", "gate");
   require_f32(up, "gated_act", "up");
   require_f32(out, "gated_act", "out");
+  checks::gated_act("cpu", gate, up, out);
   const int64_t n = gate.numel();
-  if (up.numel() != n || out.numel() != n)
-    fail("cpu", "gated_act: gate {} up {} out {}", shape_str(gate.shape), shape_str(up.shape), shape_str(out.shape));
   const float* g = gate.ptr<float>();
   const float* u = up.ptr<float>();
   float* o = out.ptr<float>();
@@ -193,9 +183,8 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
   require_f32(a, "add", "a");
   require_f32(b, "add", "b");
   require_f32(y, "add", "y");
+  checks::add("cpu", a, b, y);
   const int64_t n = a.numel();
-  if (b.numel() != n || y.numel() != n)
-    fail("cpu", "add: a {} b {} y {}", shape_str(a.shape), shape_str(b.shape), shape_str(y.shape));
   const float* pa = a.ptr<float>();
   const float* pb = b.ptr<float>();
   float* py = y.ptr<float>();
@@ -211,7 +200,7 @@ void CpuBackend::scale(Tensor& x, float s) {
 
 void CpuBackend::softcap(Tensor& x, float cap) {
   require_f32(x, "softcap", "x");
-  if (!(cap > 0)) fail("cpu", "softcap: cap must be > 0, got {}", cap);
+  checks::softcap("cpu", cap);
   float* p = x.ptr<float>();
   pool_.parallel_for(x.numel(), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) p[i] = cap * std::tanh(p[i] / cap);
@@ -220,10 +209,8 @@ void CpuBackend::softcap(Tensor& x, float cap) {
 
 void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   require_i32(rows, "gather_rows", "rows");
+  checks::gather_rows("cpu", x, rows, out);
   const int64_t n_out = rows.numel(), d = x.cols(), n = x.rows();
-  if (out.dtype != x.dtype || out.numel() != n_out * d)
-    fail("cpu", "gather_rows: out {} {} for {} rows of {} {}", dtype_name(out.dtype), shape_str(out.shape), n_out,
-         dtype_name(x.dtype), shape_str(x.shape));
   const size_t row_bytes = d * dtype_size(x.dtype);
   for (int64_t i = 0; i < n_out; ++i) {
     const int64_t r = rows.ptr<int32_t>()[i];

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kiln/backend/checks.h"
 #include "kiln/backend/cpu/cpu_backend.h"
 
 namespace kiln::backend::cpu {
@@ -18,7 +19,6 @@ constexpr int64_t kTileRows = 128;  // output rows per tile (a multiple of every
 constexpr int64_t kMc = 240;        // tokens per x block (a multiple of 8 and 12: m tiles stay whole)
 constexpr int64_t kGemvMinWork = 1 << 16;  // weight elements per GEMV chunk before splitting
 
-bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 // pack(r0, n_rows, k0, kc, dst, scratch) fills dst with the f32 panels of that weight block
 // (Kernels::gemm_pack's layout); scratch is a per-thread buffer of kTileRows * kKc floats.
@@ -87,18 +87,8 @@ void matmul_quantized(const Kernels& k, ThreadPool& pool, const float* xp, int64
 
 QMatrix qmatrix_of(const Weight& w) {
   QMatrix q;
+  checks::quantized_weight("cpu", nullptr, w);
   const int64_t out = w.w.dim(0), in = w.in_features();
-  if (w.w.dtype != DType::u32 || w.w.ndim() != 2 || (w.w.dim(1) * 32) % w.bits != 0)
-    fail("cpu", "quantized weight must be 2-D uint32 holding whole {}-bit codes, got {} {}", w.bits,
-         dtype_name(w.w.dtype), shape_str(w.w.shape));
-  if (w.group_size <= 0 || in % w.group_size != 0 || (w.group_size % 16) != 0)
-    fail("cpu", "quantized weight: group_size {} does not divide the input dimension {}", w.group_size, in);
-  const Shape gshape{out, in / w.group_size};
-  if (!is_float(w.scales.dtype) || w.scales.shape != gshape || w.biases.dtype != w.scales.dtype ||
-      w.biases.shape != gshape)
-    fail("cpu", "quantized weight: scales {} {} / biases {} {} do not match {} groups per row of {} rows",
-         dtype_name(w.scales.dtype), shape_str(w.scales.shape), dtype_name(w.biases.dtype), shape_str(w.biases.shape),
-         in / w.group_size, out);
   q.w = static_cast<const uint8_t*>(w.w.data);
   q.row_bytes = w.w.dim(1) * 4;
   q.end = q.w + out * q.row_bytes;
@@ -114,19 +104,15 @@ QMatrix qmatrix_of(const Weight& w) {
 
 void matmul(const Kernels& k, ThreadPool& pool, const Tensor& x, const Weight& w, Tensor& y) {
   const Tensor& wt = w.w;
-  if (!w.quantized() && (!is_float(wt.dtype) || wt.ndim() != 2))
-    fail("cpu", "matmul: weight must be a 2-D float tensor, got {} {}", dtype_name(wt.dtype), shape_str(wt.shape));
+  if (!w.quantized()) checks::float_matrix("cpu", "matmul", "weight", wt);
   if (x.dtype != DType::f32 || y.dtype != DType::f32)
     fail("cpu", "matmul: x and y must be float32, got {} and {}", dtype_name(x.dtype), dtype_name(y.dtype));
   QMatrix q;
   if (w.quantized()) q = qmatrix_of(w);
   const int64_t out = wt.dim(0), in = w.quantized() ? q.in : wt.dim(1);
-  if (x.cols() != in) fail("cpu", "matmul: x {} does not match weight {}", shape_str(x.shape), shape_str(wt.shape));
+  checks::matmul("cpu", x, wt.shape, in, out, w.bias, y);
   const int64_t n = x.rows();
-  if (y.numel() != n * out)
-    fail("cpu", "matmul: y {} for x {} and weight {}", shape_str(y.shape), shape_str(x.shape), shape_str(wt.shape));
   if (n == 0) return;
-  if (x.data == y.data) fail("cpu", "matmul: y must not alias x");
 
   const float* xp = x.ptr<float>();
   float* yp = y.ptr<float>();
@@ -145,8 +131,6 @@ void matmul(const Kernels& k, ThreadPool& pool, const Tensor& x, const Weight& w
   }
 
   if (!w.bias.empty()) {
-    if (!is_float(w.bias.dtype) || w.bias.numel() != out)
-      fail("cpu", "matmul: bias {} {} for {} outputs", dtype_name(w.bias.dtype), shape_str(w.bias.shape), out);
     std::vector<float> b(out);
     k.to_f32(w.bias.data, w.bias.dtype, b.data(), out);
     for (int64_t t = 0; t < n; ++t) k.axpy(1.0f, b.data(), yp + t * out, out);

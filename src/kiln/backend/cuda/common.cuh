@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kiln/backend/cuda/kernels.h"
+#include "kiln/backend/cuda/options.h"
 #include "kiln/backend/cuda/stamps.cuh"
 
 namespace kiln::backend::cuda {
@@ -122,8 +123,7 @@ __device__ __forceinline__ void pdl_wait() {
 }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
-// False when KILN_CUDA_PDL=0: launch_pdl then launches plainly (for comparisons; elementwise.cu).
-bool pdl_enabled();
+// pdl_enabled() (options.h) is false when KILN_CUDA_PDL=0: launch_pdl then launches plainly.
 
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {

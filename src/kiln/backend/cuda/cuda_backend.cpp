@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kiln/backend/checks.h"
 #include "kiln/backend/cuda/cuda_impl.h"
 #include "kiln/backend/cuda/qkernels.h"
 
@@ -80,15 +81,11 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   im.arena->capacity = kInitialArena;
   im.stats.arena_bytes = kInitialArena;
   im.staging = pinned(kInitialStaging);
-  const char* prof = std::getenv("KILN_CUDA_PROFILE");
-  im.profile = prof && std::strcmp(prof, "0") != 0;
-  const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
-  im.graphs_enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !im.profile;
-  if (const char* pf = std::getenv("KILN_L2_PREFETCH_MB")) im.l2_prefetch_bytes = std::max(0ll, std::atoll(pf)) << 20;
-  const char* mlp = std::getenv("KILN_CUDA_FUSED_MLP");
-  im.fused_mlp = mlp && std::strcmp(mlp, "1") == 0;
-  const char* dec = std::getenv("KILN_CUDA_FUSED_DECODER");
-  im.fused_decoder = !(dec && std::strcmp(dec, "0") == 0);
+  im.opt = CudaOptions::from_env();
+  im.profile = im.opt.profile;
+  im.graphs_enabled = im.opt.graphs && !im.profile;
+  im.l2_prefetch_bytes = im.opt.l2_prefetch_mb << 20;
+  im.fused_decoder = im.opt.fused_decoder;
   stamps_start();
   ++g_live_backends;  // last: a constructor that throws leaves no backend
 }
@@ -131,7 +128,6 @@ CudaBackend::~CudaBackend() {
 
 const CudaStats& CudaBackend::stats() const { return impl_->stats; }
 void CudaBackend::set_attention_kernel(AttnKernel k) { impl_->attn_kernel = k; }
-void CudaBackend::set_fused_mlp(bool on) { impl_->fused_mlp = on; }
 void CudaBackend::set_fused_decoder(bool on) { impl_->fused_decoder = on; }
 
 void CudaBackend::set_graphs_enabled(bool on) {
@@ -160,6 +156,7 @@ Tensor CudaBackend::Impl::dev_alloc(DType t, Shape s) {
   r.device = Device::cuda;
   r.holder = device_malloc(r.nbytes(), stats);
   r.data = r.holder.get();
+  forget_qx(r.data, r.nbytes());  // a new tensor at a reused address
   return r;
 }
 
@@ -189,6 +186,7 @@ Tensor CudaBackend::Impl::arena_alloc(DType t, Shape s) {
   } else {
     r.data = static_cast<char*>(a.base.get()) + off;
   }
+  forget_qx(r.data, bytes);  // a new tensor at a reused address
   std::shared_ptr<ArenaState> keep = arena;
   r.holder = std::shared_ptr<void>(r.data, [keep, idx, overflow](void*) {
     ArenaState& s = *keep;
@@ -268,12 +266,9 @@ Tensor CudaBackend::to_host(const Tensor& t) {
 }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
-  dst.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
-  if (src.dtype != dst.dtype || src.numel() != dst.numel())
-    fail("cuda", "copy: {} {} into {} {}", dtype_name(src.dtype), shape_str(src.shape), dtype_name(dst.dtype),
-         shape_str(dst.shape));
-  if (im.skip() || src.data == dst.data || src.nbytes() == 0) return;
+  checks::copy("cuda", src, dst);
+  if (im.skip(dst) || src.data == dst.data || src.nbytes() == 0) return;
   ProfScope ps(im, "copy");
   auto kind = src.device == Device::cuda ? (dst.device == Device::cuda ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                                          : (dst.device == Device::cuda ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
@@ -282,7 +277,6 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
 }
 
 void CudaBackend::fill_zero(Tensor& t) {
-  t.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   if (im.skip() || t.nbytes() == 0) return;
   if (t.device != Device::cuda) fail("cuda", "fill_zero: tensor is not on the device");
@@ -299,6 +293,7 @@ void CudaBackend::begin_step() {
   // Uploads reuse the staging buffer from its start: everything queued before must be done.
   CUDA_CHECK(cudaStreamSynchronize(im.stream));
   im.staging_top = 0;
+  im.qx_cache.clear();
   if (!im.gemv_seq.empty()) im.gemv_prev = std::move(im.gemv_seq);
   im.gemv_seq.clear();
   ArenaState& a = *im.arena;
@@ -327,6 +322,7 @@ void CudaBackend::end_step() {
   }
   im.mode = Impl::Mode::eager;
   im.in_step = false;
+  im.qx_cache.clear();  // its qx buffers are the step's arena memory
 }
 
 bool CudaBackend::begin_graph(uint64_t key) {

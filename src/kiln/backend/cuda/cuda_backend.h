@@ -16,7 +16,6 @@ struct CudaStats {
   int64_t arena_overflows = 0;  // per-step allocations that did not fit the arena
   int64_t graph_captures = 0, graph_replays = 0;
   int64_t arena_bytes = 0, weight_bytes = 0;
-  int64_t fused_mlps = 0;  // launches of the fused 4-bit gated MLP (one token)
   int64_t fused_decoders = 0;  // launches of the 4-bit decoder stack (one token, every layer)
 };
 
@@ -69,10 +68,6 @@ class CudaBackend final : public Backend {
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
                      float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
   void matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y) override;
-  // One token through 4-bit gate/up/down: one persistent launch (cuda_qops.cpp, qmlp.cu) when
-  // set_fused_mlp is on, else Backend's separate ops.
-  void gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
-                 Tensor& out) override;
   // One token through every layer in one persistent launch (cuda_qops.cpp, qdecoder.cu) when all
   // seven matrices of every layer are 4-bit of one group size and the shapes fit the kernel
   // (q4_decoder_fits), set_fused_decoder is on (the default) and this is the process's only
@@ -96,11 +91,11 @@ class CudaBackend final : public Backend {
   // Converts a device float tensor to another float dtype (tests; weights of other dtypes).
   Tensor convert(const Tensor& t, DType to);
   const CudaStats& stats() const;
+  // Whether a 4-bit GEMV reading x now would take the quantized copy the op that produced x wrote
+  // beside it (the activation cache, act_cache.cpp; tests).
+  bool has_cached_qx(const Tensor& x) const;
   void set_attention_kernel(AttnKernel k);
   void set_graphs_enabled(bool on);
-  // The fused 4-bit gated MLP (gated_mlp): off by default (not faster yet, BENCHMARKS.md);
-  // KILN_CUDA_FUSED_MLP=1 or this turns it on.
-  void set_fused_mlp(bool on);
   // The 4-bit decoder stack (decoder_stack): on by default; KILN_CUDA_FUSED_DECODER=0 or this turns
   // it off (the separate ops, for comparisons).
   void set_fused_decoder(bool on);

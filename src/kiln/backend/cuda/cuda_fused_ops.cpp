@@ -2,10 +2,8 @@
 // <op>: ..."), weight residency, and one launch each (fused.cu, gemv_fast.cu). The choice between
 // the fused launch and Backend's default loop depends only on shapes, dtypes and addresses known
 // on the host, so a captured graph replays the same choice; in replay mode an op checks and returns.
-// KILN_CUDA_FUSED=0 runs Backend's defaults (the separate ops) instead, for A/B measurements.
+// KILN_CUDA_FUSED=0 (CudaOptions::fused) runs Backend's defaults (the separate ops) instead.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "kiln/backend/cuda/cuda_impl.h"
@@ -17,37 +15,15 @@ namespace {
 
 static_assert(Backend::kMaxMultiMatmul == GemvFastMulti::kMax, "one launch must hold every pair");
 
-bool fused_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_FUSED");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
-
-void require_dev_act(const Tensor& t, const char* op, const char* arg) {
-  if (t.numel() != 0 && (t.empty() || t.device != Device::cuda))
-    fail("cuda", "{}: {} is not a device tensor; upload it first", op, arg);
-  if (t.dtype != DType::bf16 && t.dtype != DType::f32)
-    fail("cuda", "{}: {} must be bfloat16 (or float32), got {}", op, arg, dtype_name(t.dtype));
-}
-
-void require_dev_i32(const Tensor& t, const char* op, const char* arg) {
-  if (t.numel() != 0 && (t.empty() || t.device != Device::cuda))
-    fail("cuda", "{}: {} is not a device tensor; upload it first", op, arg);
-  if (t.dtype != DType::i32) fail("cuda", "{}: {} must be int32, got {}", op, arg, dtype_name(t.dtype));
-}
-
 }  // namespace
 
 void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, bool one_plus_w,
                                Tensor& y) {
-  x.sidecar.reset();  // written here (TensorSidecar)
-  if (!fused_enabled()) return Backend::add_rms_norm(x, delta, w, eps, one_plus_w, y);
+  if (!impl_->opt.fused) return Backend::add_rms_norm(x, delta, w, eps, one_plus_w, y);
   Impl& im = *impl_;
-  require_dev_act(x, "add_rms_norm", "x");
-  require_dev_act(delta, "add_rms_norm", "delta");
-  require_dev_act(y, "add_rms_norm", "y");
+  require_act(x, "add_rms_norm", "x");
+  require_act(delta, "add_rms_norm", "delta");
+  require_act(y, "add_rms_norm", "y");
   const int64_t dim = x.cols(), rows = x.rows();
   if (delta.numel() != x.numel() || y.numel() != x.numel() || delta.dtype != x.dtype || y.dtype != x.dtype)
     fail("cuda", "add_rms_norm: x {} {}, delta {} {} and y {} {} must match", dtype_name(x.dtype), shape_str(x.shape),
@@ -55,23 +31,15 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, 
   if (w.numel() != dim) fail("cuda", "add_rms_norm: weight {} for rows of {}", shape_str(w.shape), dim);
   const Dt wt = dt_of(w, "add_rms_norm", "w");
   Tensor W = im.resident_of(w, "add_rms_norm");
-  const QxOut qx = im.qx_output(y);  // y's quantized form for a 4-bit GEMV, written by the same kernel
-  if (im.skip()) return;
+  QxOut qx;  // y's quantized form for a 4-bit GEMV, written by the same kernel (x is written too)
+  if (im.skip_producing(y, qx)) return;
   ProfScope ps(im, "add_rms_norm");
   launch_add_rms_norm(x.data, delta.data, dt_of(x, "add_rms_norm", "x"), W.data, wt, eps, one_plus_w, rows, dim,
                       y.data, im.stream, qx, qx.base ? im.next_gemv_prefetch() : L2Prefetch());
 }
 
-void CudaBackend::gated_mlp(const Tensor& x, const Weight& gate, const Weight& up, const Weight& down, Activation act,
-                            Tensor& out) {
-  out.sidecar.reset();  // written here (TensorSidecar)
-  if (fused_enabled() && quantized_gated_mlp(*this, *impl_, x, gate, up, down, act, out)) return;
-  Backend::gated_mlp(x, gate, up, down, act, out);
-}
-
 bool CudaBackend::decoder_stack(const DecoderStackArgs& a, Tensor& x) {
-  x.sidecar.reset();  // written here (TensorSidecar)
-  return fused_enabled() && quantized_decoder_stack(*this, *impl_, a, x);
+  return impl_->opt.fused && quantized_decoder_stack(*this, *impl_, a, x);
 }
 
 namespace {
@@ -93,17 +61,16 @@ FusedDecoder* CudaBackend::fused_decoder() {
 
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
                                 float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
-  q.sidecar.reset(), k.sidecar.reset();  // written here (TensorSidecar)
-  if (!fused_enabled()) return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, k_cache, v_cache);
+  if (!impl_->opt.fused) return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, k_cache, v_cache);
   Impl& im = *impl_;
   const char* op = "rope_kv_write";
-  require_dev_act(q, op, "q");
-  require_dev_act(k, op, "k");
-  require_dev_act(v, op, "v");
-  require_dev_act(k_cache, op, "k_cache");
-  require_dev_act(v_cache, op, "v_cache");
-  require_dev_i32(pos, op, "pos");
-  require_dev_i32(slots, op, "slots");
+  require_act(q, op, "q");
+  require_act(k, op, "k");
+  require_act(v, op, "v");
+  require_act(k_cache, op, "k_cache");
+  require_act(v_cache, op, "v_cache");
+  require_i32(pos, op, "pos");
+  require_i32(slots, op, "slots");
   if (inv_freq.dtype != DType::f32) fail("cuda", "rope_kv_write: inv_freq must be float32");
   if (q.ndim() != 3 || k.ndim() != 3 || q.dim(0) != k.dim(0) || q.dim(2) != k.dim(2))
     fail("cuda", "rope_kv_write: q {} and k {} must be [n_tokens, heads, head_dim] of one n_tokens and head_dim",
@@ -131,18 +98,17 @@ void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Ten
 
 void CudaBackend::matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y) {
   Impl& im = *impl_;
-  for (Tensor* yi : y) yi->sidecar.reset();  // written here (TensorSidecar)
   if (w.size() != y.size() || w.size() > kMaxMultiMatmul)
     fail("cuda", "matmul_multi: {} weights for {} outputs (at most {} pairs)", w.size(), y.size(), kMaxMultiMatmul);
   bool quantized = false;
   for (const Weight* wi : w) quantized |= wi->quantized();
   if (quantized) {  // all 4-bit and few tokens: one launch of the tensor-core GEMV; else one matmul each
-    if (w.size() < 2 || !fused_enabled() || !quantized_matmul_multi(*this, im, x, w, y)) Backend::matmul_multi(x, w, y);
+    if (w.size() < 2 || !impl_->opt.fused || !quantized_matmul_multi(*this, im, x, w, y)) Backend::matmul_multi(x, w, y);
     return;
   }
   // The fused launch: one token of bf16 x and every weight a dense bf16 matrix that gemv_fast takes
   // (what matmul would run for each pair alone, so the values are the same); else the loop.
-  if (w.size() < 2 || !fused_enabled() || !gemv_fast_enabled() || x.dtype != DType::bf16 || x.rows() != 1 ||
+  if (w.size() < 2 || !impl_->opt.fused || x.dtype != DType::bf16 || x.rows() != 1 ||
       x.device != Device::cuda || x.empty())
     return Backend::matmul_multi(x, w, y);
   const int64_t in = x.cols();
@@ -152,7 +118,7 @@ void CudaBackend::matmul_multi(const Tensor& x, std::span<const Weight* const> w
     const Tensor& wt = w[i]->w;
     Tensor& yi = *y[i];
     if (wt.ndim() != 2 || wt.dtype != DType::bf16 || wt.dim(1) != in) return Backend::matmul_multi(x, w, y);
-    require_dev_act(yi, "matmul_multi", "y");
+    require_act(yi, "matmul_multi", "y");
     const int64_t out = wt.dim(0);
     if (yi.numel() != out)
       fail("cuda", "matmul_multi: y[{}] {} for x {} and weight {}", i, shape_str(yi.shape), shape_str(x.shape),
@@ -174,7 +140,7 @@ void CudaBackend::matmul_multi(const Tensor& x, std::span<const Weight* const> w
     keep.push_back(std::move(W));
   }
   m.count = static_cast<int>(w.size());
-  if (im.skip()) return;
+  if (im.skip(y)) return;
   ProfScope ps(im, "matmul_multi (gemv)");
   launch_gemv_fast_multi(x.data, in, m, im.stream);
 }

@@ -8,12 +8,14 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "kiln/backend/cuda/cuda_backend.h"
 #include "kiln/backend/cuda/kernels.h"
+#include "kiln/backend/cuda/options.h"
 
 namespace kiln::backend::cuda {
 
@@ -68,12 +70,13 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// CudaBackends alive in the process. The persistent kernels (launch_q4_gated_mlp, launch_q4_decoder)
-// are launched only while there is one: each spins at grid barriers that need all of its blocks
+// CudaBackends alive in the process. The persistent kernel (launch_q4_decoder) is launched only
+// while there is one: it spins at grid barriers that need all of its blocks
 // resident, so two of them on two backends' streams at once could each hold SMs the other waits for.
 int live_cuda_backends();
 
 struct CudaBackend::Impl {
+  CudaOptions opt;  // the environment's switches at construction (options.h)
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
@@ -82,9 +85,8 @@ struct CudaBackend::Impl {
   // Arrival counters of the decode attention's split merge (launch_attention_decode), zero between launches.
   unsigned* attn_counters = nullptr;
   int64_t attn_counters_n = 16384;
-  // The fused gated MLP (set_fused_mlp) and the grid barrier's arrival counters of it and the
-  // decoder stack (launch_q4_gated_mlp, launch_q4_decoder): kGridBarrierWords zeroed words.
-  bool fused_mlp = false;
+  // The grid barrier's arrival counters of the decoder stack (launch_q4_decoder): kGridBarrierWords
+  // zeroed words.
   bool fused_decoder = true;  // set_fused_decoder
   unsigned long long* grid_barrier = nullptr;
   CudaStats stats;
@@ -132,8 +134,22 @@ struct CudaBackend::Impl {
   };
   std::map<uintptr_t, Q4Tiled> q4_tiled;
   // The group size of the tiled 4-bit weights (0: none yet, -1: several): the one producer kernels
-  // write qx for (QxSidecar).
+  // write qx for (skip_producing).
   int q4_group = 0;
+
+  // ---- the activation cache (act_cache.cpp): the 4-bit GEMV's quantized copy (qx) of an activation,
+  // written by the kernel of the op that produced the activation, so that the GEMV reading it next
+  // skips its own quantize kernel. An entry lives from its producer's gate to the next gate that may
+  // write its bytes (skip*), an allocation over them (forget_qx from dev_alloc / arena_alloc) or the
+  // step's end; it holds the qx buffer (arena memory) for that long.
+  struct QxEntry {
+    const void* data;  // the activation: bf16 [n, in] at this address
+    int64_t n, in;
+    int group_size;
+    Tensor qx;  // q4_qx_bytes(n, in, group_size) bytes
+  };
+  std::vector<QxEntry> qx_cache;
+  void forget_qx(const void* p, size_t bytes);  // ends the entries whose activation overlaps these bytes
 
   std::map<GemmKey, GemmPlan> gemm_plans;
 
@@ -142,7 +158,7 @@ struct CudaBackend::Impl {
   // sequence; a wrong guess only costs bandwidth). The ops before a GEMV that leave DRAM idle
   // (add_rms_norm, gated_act) prefetch up to l2_prefetch_bytes of it: 4 MB measured best on the H200
   // (llama-3-8b 4-bit, medians of 9 alternating pairs in two calls: batch 8 +4.6%, batch 1 +2.4%, within
-  // its spread; 8 MB and more slowed batch 1). KILN_L2_PREFETCH_MB sets it (0: off).
+  // its spread; 8 MB and more slowed batch 1). CudaOptions::l2_prefetch_mb sets it (0: off).
   using Ranges = std::vector<std::pair<const void*, int64_t>>;
   std::vector<Ranges> gemv_seq, gemv_prev;
   int64_t l2_prefetch_bytes = int64_t{4} << 20;
@@ -158,7 +174,22 @@ struct CudaBackend::Impl {
   std::map<std::string, ProfEntry> prof;
   std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending;
 
-  bool skip() const { return mode == Mode::replay; }
+  // The launch gate: every op calls one of these once its host work is done (checks, residency, the
+  // allocations a replay must repeat) and returns when it is true (graph replay: the captured graph
+  // does the work), so it runs alike in eager, capture and replay mode. It is also the activation
+  // cache's write fence (act_cache.cpp): from here the op may write device memory, so the cached qx
+  // copies end: all of them (skip()), or, for an op that names every buffer it writes (a matmul, a
+  // copy), those of the activations that overlap them. A producer op of qx (rms_norm, add_rms_norm,
+  // gated_act, the decode attention) calls skip_producing instead: the fence, then `out`'s qx for
+  // its kernel to write beside it when `want` and out fits the 4-bit GEMV (bf16, decode-sized,
+  // inside a step, 4-bit weights loaded), else an empty QxOut.
+  bool skip();
+  bool skip(const Tensor& written);
+  bool skip(std::span<Tensor* const> written);
+  bool skip_producing(Tensor& out, QxOut& qx, bool want = true);
+  // The activation cache's qx of x (bf16 [n, in] at x.data, written since the last fence that could
+  // touch x by the op that produced x), else null.
+  const Tensor* cached_qx(const Tensor& x, int64_t n, int64_t in, int group_size) const;
   void drop_graphs();
   Tensor dev_alloc(DType t, Shape s);              // persistent cudaMalloc
   Tensor arena_alloc(DType t, Shape s);            // per-step
@@ -166,23 +197,9 @@ struct CudaBackend::Impl {
   // needed; ops outside steps run in stream order, so one buffer serves them all).
   Tensor scratch(int64_t bytes);
   Tensor loose_scratch;
-  // A producer op's output `out` (bf16, decode-sized, inside a step, 4-bit weights loaded): the qx
-  // its kernel is to write beside it, recorded as out's sidecar; else clears out's sidecar and
-  // returns an empty QxOut. Called before the op's skip() check (replays allocate alike).
-  QxOut qx_output(Tensor& out);
   Tensor resident_of(const Tensor& t, const char* op);  // device view of a weight
   void flush_profile();
 };
-
-// The 4-bit GEMV's quantized activations of a tensor, written by the op that produced it (qx_output).
-struct QxSidecar : TensorSidecar {
-  Tensor qx;  // arena bytes: q4_qx_bytes(n, in, group_size)
-  const void* data;
-  int64_t n, in;
-  int group_size;
-};
-// x's sidecar when it holds x's qx for these sizes, else null.
-const QxSidecar* qx_sidecar(const Tensor& x, int64_t n, int64_t in, int group_size);
 
 // Times one op with events when profiling (graphs are off then).
 class ProfScope {
@@ -197,5 +214,10 @@ class ProfScope {
 };
 
 Dt dt_of(const Tensor& t, const char* op, const char* arg);
+// The CUDA side of an op's argument checks (checks.h has the shared ones), "[cuda] <op>: <arg> ...":
+// device memory (or empty), and int32 / an activation dtype (bf16 or f32) on top (cuda_ops.cpp).
+void require_device(const Tensor& t, const char* op, const char* arg);
+void require_i32(const Tensor& t, const char* op, const char* arg);
+void require_act(const Tensor& t, const char* op, const char* arg);
 
 }  // namespace kiln::backend::cuda

@@ -42,14 +42,6 @@ namespace {
 // Experts outside this count keep the host default (grid.y = n * k stays under 65536 for 16 tokens).
 constexpr int64_t kMoeMaxExperts = 2048;
 
-bool moe_device_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_MOE");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
-
 CudaBackend::MoeCache::Key key_of(std::span<const ExpertWeights> ex) {
   auto addr = [](const Weight* w) { return w ? reinterpret_cast<uintptr_t>(w->w.data) : uintptr_t{0}; };
   return {addr(ex[0].gate), addr(ex[0].up), addr(ex[0].down), addr(ex.back().down), ex.size()};
@@ -85,10 +77,9 @@ void require_dev(const Tensor& t, DType want, const char* op, const char* arg) {
 }  // namespace
 
 void CudaBackend::moe_route(const Tensor& logits, int top_k, bool norm_topk_prob, Tensor& ids, Tensor& weights) {
-  ids.sidecar.reset(), weights.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   const int64_t n = logits.rows(), n_experts = logits.cols();
-  if (!moe_device_enabled() || n_experts > kMoeRouteMaxExperts)
+  if (!impl_->opt.moe || n_experts > kMoeRouteMaxExperts)
     return Backend::moe_route(logits, top_k, norm_topk_prob, ids, weights);
   const char* op = "moe_route";
   if (logits.numel() != 0 && (logits.empty() || logits.device != Device::cuda))
@@ -108,7 +99,7 @@ void CudaBackend::moe_route(const Tensor& logits, int top_k, bool norm_topk_prob
 }
 
 bool CudaBackend::moe_on_device(std::span<const ExpertWeights> experts, int64_t n_tokens) const {
-  if (!moe_device_enabled() || experts.empty() || n_tokens > kMoeMaxTokens ||
+  if (!impl_->opt.moe || experts.empty() || n_tokens > kMoeMaxTokens ||
       static_cast<int64_t>(experts.size()) > kMoeMaxExperts)
     return false;
   if (!moe_) moe_ = std::make_shared<MoeCache>();
@@ -119,7 +110,6 @@ bool CudaBackend::moe_on_device(std::span<const ExpertWeights> experts, int64_t 
 
 void CudaBackend::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, Activation act,
                               const Tensor& ids, const Tensor& weights, Tensor& out) {
-  out.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   const int64_t n = x.rows(), dim = x.cols(), n_experts = static_cast<int64_t>(experts.size());
   const bool act_ok = (x.dtype == DType::bf16 || x.dtype == DType::f32) &&

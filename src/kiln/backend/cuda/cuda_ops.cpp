@@ -5,12 +5,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kiln/backend/checks.h"
 #include "kiln/backend/cuda/cuda_impl.h"
 #include "kiln/backend/cuda/cuda_qops.h"
 
 namespace kiln::backend::cuda {
-
-namespace {
 
 void require_device(const Tensor& t, const char* op, const char* arg) {
   if (t.empty() && t.numel() != 0) fail("cuda", "{}: {} is empty", op, arg);
@@ -26,6 +25,8 @@ void require_act(const Tensor& t, const char* op, const char* arg) {
   if (t.dtype != DType::bf16 && t.dtype != DType::f32)
     fail("cuda", "{}: {} must be bfloat16 (or float32), got {}", op, arg, dtype_name(t.dtype));
 }
+
+namespace {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -45,16 +46,15 @@ int alignment(const void* p) {
 }  // namespace
 
 void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
-  out.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   if (table.quantized()) return quantized_embedding(*this, im, table, ids, out);  // cuda_qops.cpp
   require_i32(ids, "embedding", "ids");
   require_act(out, "embedding", "out");
   const Tensor& w = table.w;
-  if (w.ndim() != 2) fail("cuda", "embedding: table must be 2-D, got {}", shape_str(w.shape));
+  checks::float_matrix("cuda", "embedding", "table", w);
   const Dt wt = dt_of(w, "embedding", "table");
   const int64_t n = ids.numel(), vocab = w.dim(0), dim = w.dim(1);
-  if (out.numel() != n * dim) fail("cuda", "embedding: out {} for {} ids of dim {}", shape_str(out.shape), n, dim);
+  checks::embedding_out("cuda", out, n, dim);
   Tensor wd = im.resident_of(w, "embedding");
   if (im.skip()) return;
   ProfScope ps(im, "embedding");
@@ -63,27 +63,17 @@ void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out)
 
 void CudaBackend::matmul(const Tensor& x, const Weight& w, Tensor& y) {
   Impl& im = *impl_;
-  y.sidecar.reset();  // written here (TensorSidecar)
   if (w.quantized()) return quantized_matmul(*this, im, x, w, y);  // cuda_qops.cpp
   require_act(x, "matmul", "x");
   require_act(y, "matmul", "y");
   const Tensor& wt = w.w;
-  if (wt.ndim() != 2) fail("cuda", "matmul: weight must be 2-D, got {}", shape_str(wt.shape));
+  checks::float_matrix("cuda", "matmul", "weight", wt);
   const Dt wdt = dt_of(wt, "matmul", "weight");
-  const int64_t out = wt.dim(0), in = wt.dim(1);
-  if (x.cols() != in) fail("cuda", "matmul: x {} does not match weight {}", shape_str(x.shape), shape_str(wt.shape));
-  const int64_t n = x.rows();
-  if (y.numel() != n * out)
-    fail("cuda", "matmul: y {} for x {} and weight {}", shape_str(y.shape), shape_str(x.shape), shape_str(wt.shape));
-  if (n != 0 && x.data == y.data) fail("cuda", "matmul: y must not alias x");
+  const int64_t out = wt.dim(0), in = wt.dim(1), n = x.rows();
+  checks::matmul("cuda", x, wt.shape, in, out, w.bias, y);
   Tensor W = im.resident_of(wt, "matmul");
-  Tensor B;
-  if (!w.bias.empty()) {
-    if (w.bias.numel() != out) fail("cuda", "matmul: bias {} for {} outputs", shape_str(w.bias.shape), out);
-    dt_of(w.bias, "matmul", "bias");
-    B = im.resident_of(w.bias, "matmul");
-  }
-  if (im.skip() || n == 0) return;
+  Tensor B = im.resident_of(w.bias, "matmul");  // empty without a bias
+  if (im.skip(y) || n == 0) return;
   // The GEMV streams the weight once per 8 tokens: right for one token; for 2+ tokens of bf16
   // cuBLASLt is faster (measured on the H200: the 8-token GEMV ran batch-8 decode at 25 ms a step).
   const bool gemv = n == 1 || wt.dtype != DType::bf16 || x.dtype != DType::bf16;
@@ -145,30 +135,23 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, bool one
   Impl& im = *impl_;
   require_act(x, "rms_norm", "x");
   require_act(y, "rms_norm", "y");
+  checks::rms_norm("cuda", x, w, y);
   const int64_t dim = x.cols(), rows = x.rows();
-  if (w.numel() != dim) fail("cuda", "rms_norm: weight {} for rows of {}", shape_str(w.shape), dim);
   const Dt wt = dt_of(w, "rms_norm", "w");
-  if (y.numel() != x.numel() || y.dtype != x.dtype)
-    fail("cuda", "rms_norm: y {} {} for x {} {}", dtype_name(y.dtype), shape_str(y.shape), dtype_name(x.dtype),
-         shape_str(x.shape));
   Tensor W = im.resident_of(w, "rms_norm");
-  const QxOut qx = im.qx_output(y);  // y's quantized form for a 4-bit GEMV, written by the same kernel
-  if (im.skip()) return;
+  QxOut qx;  // y's quantized form for a 4-bit GEMV, written by the same kernel
+  if (im.skip_producing(y, qx)) return;
   ProfScope ps(im, "rms_norm");
   launch_rms_norm(x.data, dt_of(x, "rms_norm", "x"), W.data, wt, eps, one_plus_w, rows, dim, y.data,
                   dt_of(y, "rms_norm", "y"), im.stream, qx);
 }
 
 void CudaBackend::rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) {
-  x.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(x, "rope", "x");
   require_i32(pos, "rope", "pos");
-  if (inv_freq.dtype != DType::f32) fail("cuda", "rope: inv_freq must be float32");
-  if (x.ndim() != 3) fail("cuda", "rope: x must be [n_tokens, n_heads, head_dim], got {}", shape_str(x.shape));
+  checks::rope("cuda", x, pos, inv_freq);
   const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = inv_freq.numel();
-  if (pos.numel() != n) fail("cuda", "rope: {} positions for {} tokens", pos.numel(), n);
-  if (2 * half > hd) fail("cuda", "rope: rotary dim {} exceeds head_dim {}", 2 * half, hd);
   Tensor f = im.resident_of(inv_freq, "rope");
   if (im.skip()) return;
   ProfScope ps(im, "rope");
@@ -183,11 +166,8 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots
   require_act(k_cache, "kv_write", "k_cache");
   require_act(v_cache, "kv_write", "v_cache");
   require_i32(slots, "kv_write", "slots");
+  checks::kv_write("cuda", k, v, slots, k_cache, v_cache);
   const int64_t n = slots.numel(), width = k.cols();
-  if (k.numel() != n * width || v.numel() != n * width || k_cache.cols() != width || v_cache.cols() != width ||
-      k_cache.numel() != v_cache.numel() || k.dtype != k_cache.dtype || v.dtype != k.dtype || v_cache.dtype != k.dtype)
-    fail("cuda", "kv_write: k {} v {} slots {} caches {} {}", shape_str(k.shape), shape_str(v.shape), n,
-         shape_str(k_cache.shape), shape_str(v_cache.shape));
   im.note(k_cache.data), im.note(v_cache.data);
   if (im.skip()) return;
   ProfScope ps(im, "kv_write");
@@ -197,7 +177,6 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots
 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
                             const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) {
-  out.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   for (const Tensor* t : {&q, &k_cache, &v_cache, static_cast<const Tensor*>(&out)}) {
     require_device(*t, "attention", "q/caches/out");
@@ -206,20 +185,11 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   require_i32(block_tables, "attention", "block_tables");
   require_i32(token_seq, "attention", "token_seq");
   require_i32(token_pos, "attention", "token_pos");
-  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.head_dim <= 0 || p.n_heads % p.n_kv_heads != 0 || p.block_size <= 0 ||
-      p.max_blocks <= 0 || p.head_dim > 256 || p.n_heads / p.n_kv_heads > 16 || p.head_dim % 2 != 0)
-    fail("cuda", "attention: unsupported params n_heads={} n_kv_heads={} head_dim={} block_size={} max_blocks={}",
-         p.n_heads, p.n_kv_heads, p.head_dim, p.block_size, p.max_blocks);
-  const int64_t n = token_seq.numel(), q_width = int64_t{p.n_heads} * p.head_dim,
-                kv_width = int64_t{p.n_kv_heads} * p.head_dim;
-  if (token_pos.numel() != n || q.numel() != n * q_width || out.numel() != n * q_width)
-    fail("cuda", "attention: q {} out {} for {} tokens of {} heads x {}", shape_str(q.shape), shape_str(out.shape), n,
-         p.n_heads, p.head_dim);
-  if (k_cache.numel() != v_cache.numel() || k_cache.numel() % (int64_t{p.block_size} * kv_width) != 0)
-    fail("cuda", "attention: caches {} / {} are not [n_blocks, {}, {}]", shape_str(k_cache.shape),
-         shape_str(v_cache.shape), p.block_size, kv_width);
-  if (block_tables.numel() % p.max_blocks != 0)
-    fail("cuda", "attention: block_tables of {} entries is not n_seqs x {}", block_tables.numel(), p.max_blocks);
+  checks::attention("cuda", q, k_cache, v_cache, block_tables, token_seq, token_pos, p, out);
+  if (p.head_dim > 256 || p.n_heads / p.n_kv_heads > 16 || p.head_dim % 2 != 0)
+    fail("cuda", "attention: unsupported params n_heads={} n_kv_heads={} head_dim={}", p.n_heads, p.n_kv_heads,
+         p.head_dim);
+  const int64_t n = token_seq.numel();
   im.note(k_cache.data), im.note(v_cache.data);
   AttnArgs a{q.data, k_cache.data, v_cache.data, block_tables.ptr<int32_t>(), token_seq.ptr<int32_t>(),
              token_pos.ptr<int32_t>(), out.data, static_cast<int>(n),
@@ -246,16 +216,16 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   Tensor partials;
   if (splits > 1) partials = alloc(DType::f32, {attention_partials_floats(a, static_cast<int>(splits))});
   // The tiled kernel's last block per (token, kv head chunk) merges the splits (no combine launch)
-  // and, decoding for 4-bit weights, writes the o projection's quantized input (qx_output).
+  // and, decoding for 4-bit weights, writes the o projection's quantized input (skip_producing).
   const bool tiled = attention_decode_tiled(a);
   unsigned* counters = tiled && splits > 1 && splits <= kAttnFusedMaxSplits &&
                                n * p.n_kv_heads * plan.chunks <= im.attn_counters_n
                            ? im.attn_counters
                            : nullptr;
   QxOut qx;
-  if (tiled && (splits == 1 || counters) && im.q4_group > 0 && attention_decode_qx_ok(a, plan.chunks, im.q4_group))
-    qx = im.qx_output(out);
-  if (im.skip() || n == 0) return;
+  const bool want_qx =
+      tiled && (splits == 1 || counters) && im.q4_group > 0 && attention_decode_qx_ok(a, plan.chunks, im.q4_group);
+  if (im.skip_producing(out, qx, want_qx) || n == 0) return;
   ProfScope ps(im, "attention (decode)");
   launch_attention_decode(a, plan, splits > 1 ? partials.ptr<float>() : nullptr, counters, qx, im.stream);
 }
@@ -265,32 +235,28 @@ void CudaBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act
   require_act(gate, "gated_act", "gate");
   require_act(up, "gated_act", "up");
   require_act(out, "gated_act", "out");
+  checks::gated_act("cuda", gate, up, out);
   const int64_t n = gate.numel();
-  if (up.numel() != n || out.numel() != n || up.dtype != gate.dtype || out.dtype != gate.dtype)
-    fail("cuda", "gated_act: gate {} up {} out {}", shape_str(gate.shape), shape_str(up.shape), shape_str(out.shape));
-  const QxOut qx = im.qx_output(out);  // out's quantized form for a 4-bit GEMV, written by the same kernel
-  if (im.skip()) return;
+  QxOut qx;  // out's quantized form for a 4-bit GEMV, written by the same kernel
+  if (im.skip_producing(out, qx)) return;
   ProfScope ps(im, "gated_act");
   launch_gated_act(gate.data, up.data, static_cast<int>(act), n, out.data, dt_of(gate, "gated_act", "gate"), im.stream,
                    out.cols(), qx, qx.base ? im.next_gemv_prefetch() : L2Prefetch());
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
-  y.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(a, "add", "a");
   require_act(b, "add", "b");
   require_act(y, "add", "y");
+  checks::add("cuda", a, b, y);
   const int64_t n = a.numel();
-  if (b.numel() != n || y.numel() != n || a.dtype != b.dtype || a.dtype != y.dtype)
-    fail("cuda", "add: a {} b {} y {}", shape_str(a.shape), shape_str(b.shape), shape_str(y.shape));
   if (im.skip()) return;
   ProfScope ps(im, "add");
   launch_add(a.data, b.data, y.data, n, dt_of(a, "add", "a"), im.stream);
 }
 
 void CudaBackend::scale(Tensor& x, float s) {
-  x.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(x, "scale", "x");
   if (im.skip()) return;
@@ -299,25 +265,21 @@ void CudaBackend::scale(Tensor& x, float s) {
 }
 
 void CudaBackend::softcap(Tensor& x, float cap) {
-  x.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(x, "softcap", "x");
-  if (!(cap > 0)) fail("cuda", "softcap: cap must be > 0, got {}", cap);
+  checks::softcap("cuda", cap);
   if (im.skip()) return;
   ProfScope ps(im, "softcap");
   launch_softcap(x.data, x.numel(), cap, dt_of(x, "softcap", "x"), im.stream);
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
-  out.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_device(x, "gather_rows", "x");
   require_device(out, "gather_rows", "out");
   require_i32(rows, "gather_rows", "rows");
+  checks::gather_rows("cuda", x, rows, out);
   const int64_t n_out = rows.numel(), d = x.cols();
-  if (out.dtype != x.dtype || out.numel() != n_out * d)
-    fail("cuda", "gather_rows: out {} {} for {} rows of {} {}", dtype_name(out.dtype), shape_str(out.shape), n_out,
-         dtype_name(x.dtype), shape_str(x.shape));
   if (im.skip()) return;
   ProfScope ps(im, "gather_rows");
   launch_gather_rows(x.data, d * static_cast<int64_t>(dtype_size(x.dtype)), rows.ptr<int32_t>(), n_out, x.rows(),
@@ -325,7 +287,6 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) 
 }
 
 void CudaBackend::scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) {
-  dst.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_act(src, "scatter_add_rows", "src");
   require_act(dst, "scatter_add_rows", "dst");
@@ -343,7 +304,6 @@ void CudaBackend::scatter_add_rows(const Tensor& src, const Tensor& rows, const 
 }
 
 void CudaBackend::argmax_rows(const Tensor& x, Tensor& ids) {
-  ids.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   require_device(x, "argmax_rows", "x");
   require_i32(ids, "argmax_rows", "ids");

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <memory>
 
+#include "kiln/backend/checks.h"
 #include "kiln/backend/cuda/qkernels.h"
 
 namespace kiln::backend::cuda {
@@ -88,17 +89,8 @@ QResident resident_quantized(CudaBackend::Impl& im, const Weight& w, const char*
     fail("cuda", "{}: quantized weight with {} bits (supported: 2, 3, 4, 5, 6, 8)", op, w.bits);
   if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128)
     fail("cuda", "{}: quantized weight with group size {} (supported: 32, 64, 128)", op, w.group_size);
-  if (t.dtype != DType::u32 || t.ndim() != 2 || (t.dim(1) * 32) % w.bits != 0)
-    fail("cuda", "{}: quantized weight must be 2-D uint32 holding whole {}-bit codes, got {} {}", op, w.bits,
-         dtype_name(t.dtype), shape_str(t.shape));
+  checks::quantized_weight("cuda", op, w);
   const int64_t out = t.dim(0), in = w.in_features();
-  if (in % w.group_size != 0)
-    fail("cuda", "{}: quantized weight: group size {} does not divide the input dimension {}", op, w.group_size, in);
-  const Shape gshape{out, in / w.group_size};
-  if (w.scales.shape != gshape || w.biases.shape != gshape || w.biases.dtype != w.scales.dtype)
-    fail("cuda", "{}: quantized weight: scales {} {} / biases {} {} do not match {} groups per row of {} rows", op,
-         dtype_name(w.scales.dtype), shape_str(w.scales.shape), dtype_name(w.biases.dtype), shape_str(w.biases.shape),
-         in / w.group_size, out);
   if (w.bits == 4) return tiled_q4(im, w, op, out, in);
   QResident r;
   r.w = im.resident_of(t, op);
@@ -113,13 +105,6 @@ QResident resident_quantized(CudaBackend::Impl& im, const Weight& w, const char*
   return r;
 }
 
-void require_dev_act(const Tensor& t, const char* op, const char* arg) {
-  if (t.numel() != 0 && (t.empty() || t.device != Device::cuda))
-    fail("cuda", "{}: {} is not a device tensor; upload it first", op, arg);
-  if (t.dtype != DType::bf16 && t.dtype != DType::f32)
-    fail("cuda", "{}: {} must be bfloat16 (or float32), got {}", op, arg, dtype_name(t.dtype));
-}
-
 // The checks of one quantized matmul: shapes, the bias (resident), y not aliasing x.
 struct QCall {
   QResident q;
@@ -128,18 +113,12 @@ struct QCall {
 };
 
 QCall check_quantized_matmul(CudaBackend::Impl& im, const Tensor& x, const Weight& w, const Tensor& y) {
-  require_dev_act(x, "matmul", "x");
-  require_dev_act(y, "matmul", "y");
+  require_act(x, "matmul", "x");
+  require_act(y, "matmul", "y");
   QCall c;
   c.q = resident_quantized(im, w, "matmul");
-  const int64_t out = c.q.args.out, in = c.q.args.in, n = x.rows();
-  if (x.cols() != in)
-    fail("cuda", "matmul: x {} does not match a quantized weight of {} inputs", shape_str(x.shape), in);
-  if (y.numel() != n * out)
-    fail("cuda", "matmul: y {} for x {} and {} outputs", shape_str(y.shape), shape_str(x.shape), out);
-  if (n != 0 && x.data == y.data) fail("cuda", "matmul: y must not alias x");
+  checks::matmul("cuda", x, w.w.shape, c.q.args.in, c.q.args.out, w.bias, y);
   if (!w.bias.empty()) {
-    if (w.bias.numel() != out) fail("cuda", "matmul: bias {} for {} outputs", shape_str(w.bias.shape), out);
     c.bias_dt = dt_of(w.bias, "matmul", "bias");
     c.bias = im.resident_of(w.bias, "matmul");
   }
@@ -151,7 +130,7 @@ QCall check_quantized_matmul(CudaBackend::Impl& im, const Tensor& x, const Weigh
 Tensor bf16_input(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x) {
   if (x.dtype == DType::bf16 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) return x;
   Tensor xb = be.alloc(DType::bf16, {x.rows(), x.cols()});
-  if (!im.skip()) launch_convert(x.data, dt_of(x, "matmul", "x"), xb.data, Dt::bf16, x.numel(), im.stream);
+  if (!im.skip(xb)) launch_convert(x.data, dt_of(x, "matmul", "x"), xb.data, Dt::bf16, x.numel(), im.stream);
   return xb;
 }
 
@@ -170,27 +149,6 @@ void note_q4_gemv(CudaBackend::Impl& im, const QWeightArgs* w, int count) {
 
 }  // namespace
 
-const QxSidecar* qx_sidecar(const Tensor& x, int64_t n, int64_t in, int group_size) {
-  const auto* sc = dynamic_cast<const QxSidecar*>(x.sidecar.get());
-  return sc && sc->data == x.data && sc->n == n && sc->in == in && sc->group_size == group_size ? sc : nullptr;
-}
-
-QxOut CudaBackend::Impl::qx_output(Tensor& out) {
-  out.sidecar.reset();
-  if (!in_step || q4_group <= 0 || out.dtype != DType::bf16 || out.empty() || out.rows() > qgemv_max_tokens(4) ||
-      out.cols() % 32 != 0 || reinterpret_cast<uintptr_t>(out.data) % 16 != 0)
-    return {};
-  auto sc = std::make_shared<QxSidecar>();
-  sc->n = out.rows();
-  sc->in = out.cols();
-  sc->group_size = q4_group;
-  sc->data = out.data;
-  sc->qx = arena_alloc(DType::u8, {q4_qx_bytes(sc->n, sc->in, q4_group)});
-  QxOut q{sc->qx.data, qx_layout(sc->n, sc->in, q4_group), q4_group};
-  out.sidecar = std::move(sc);
-  return q;
-}
-
 bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x,
                             std::span<const Weight* const> ws, std::span<Tensor* const> ys) {
   const int64_t n = x.rows();
@@ -206,40 +164,11 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
   }
   Tensor xb = bf16_input(be, im, x);
   note_q4_gemv(im, m.w, m.count);
-  const QxSidecar* sc = qx_sidecar(xb, n, m.w[0].in, m.w[0].group_size);
-  Tensor qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, m.w[0].in, m.w[0].group_size));
-  if (im.skip()) return true;
+  const Tensor* cached = im.cached_qx(xb, n, m.w[0].in, m.w[0].group_size);
+  Tensor qx = cached ? *cached : im.scratch(q4_qx_bytes(n, m.w[0].in, m.w[0].group_size));
+  if (im.skip(ys)) return true;
   ProfScope ps(im, "matmul (qgemv)");
-  launch_qgemv_multi(xb.data, n, m, im.n_sms, qx.data, sc != nullptr, im.stream);
-  return true;
-}
-
-bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& gate,
-                         const Weight& up, const Weight& down, Activation act, Tensor& out) {
-  if (!im.fused_mlp || x.rows() != 1 || live_cuda_backends() > 1) return false;
-  const Weight* ws[] = {&gate, &up, &down};
-  for (const Weight* w : ws)
-    if (!w->quantized() || w->bits != 4 || !w->bias.empty() || w->group_size != gate.group_size ||
-        w->scales.dtype != gate.scales.dtype)
-      return false;
-  if (gate.scales.dtype == DType::f32 || gate.out_features() != up.out_features() ||
-      gate.in_features() != up.in_features() || down.in_features() != gate.out_features() ||
-      down.out_features() != gate.in_features())  // the kernel's shapes; others take the separate ops
-    return false;
-  Tensor h = be.alloc(DType::bf16, {1, gate.out_features()});  // act(gate(x)) * up(x)
-  const QCall cg = check_quantized_matmul(im, x, gate, h), cu = check_quantized_matmul(im, x, up, h),
-              cd = check_quantized_matmul(im, h, down, out);
-  const QGatedMlp m{cg.q.args, cu.q.args, cd.q.args, static_cast<int>(act)};
-  if (!q4_gated_mlp_fits(m)) return false;
-  Tensor xb = bf16_input(be, im, x);
-  const QWeightArgs gu[] = {m.gate, m.up};  // one GEMV of the separate ops
-  note_q4_gemv(im, gu, 2);
-  note_q4_gemv(im, &m.down, 1);
-  if (im.skip()) return true;
-  ProfScope ps(im, "gated_mlp (4-bit, fused)");
-  launch_q4_gated_mlp(m, xb.data, h.data, out.data, dt_of(out, "gated_mlp", "out"), im.grid_barrier, im.n_sms,
-                      im.stream);
-  ++im.stats.fused_mlps;
+  launch_qgemv_multi(xb.data, n, m, im.n_sms, qx.data, cached != nullptr, im.stream);
   return true;
 }
 
@@ -307,7 +236,7 @@ bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const Decod
          h = be.alloc(DType::bf16, {ffn}), partials = be.alloc(DType::f32, {q4_decoder_partial_floats(*d, im.n_sms)});
   d->x = x.data, d->qkv = qkv.data, d->attn = attn.data, d->h = h.data;
   d->partials = static_cast<float*>(partials.data);
-  d->counters = reinterpret_cast<unsigned*>(im.grid_barrier + kQGatedMlpMaxGrid + 1);
+  d->counters = reinterpret_cast<unsigned*>(im.grid_barrier + kGridMaxBlocks + 1);
   if (im.skip()) return true;
   ProfScope ps(im, "decoder_stack (4-bit)");
   launch_q4_decoder(*d, im.grid_barrier, im.n_sms, im.stream);
@@ -324,16 +253,16 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
   Tensor xb = bf16_input(be, im, x);
   const Dt ydt = dt_of(y, "matmul", "y");
   if (n <= qgemv_max_tokens(w.bits)) {
-    Tensor qx;  // the tiled 4-bit kernel's quantized activations: x's own (sidecar) or made here
-    const QxSidecar* sc = q.args.pairs ? qx_sidecar(xb, n, in, w.group_size) : nullptr;
+    Tensor qx;  // the tiled 4-bit kernel's quantized activations: x's cached ones or made here
+    const Tensor* cached = q.args.pairs ? im.cached_qx(xb, n, in, w.group_size) : nullptr;
     if (q.args.pairs) {
-      qx = sc ? sc->qx : im.scratch(q4_qx_bytes(n, in, w.group_size));
+      qx = cached ? *cached : im.scratch(q4_qx_bytes(n, in, w.group_size));
       note_q4_gemv(im, &q.args, 1);
     }
-    if (im.skip()) return;
+    if (im.skip(y)) return;
     ProfScope ps(im, "matmul (qgemv)");
     launch_qgemv(xb.data, n, q.args, B.empty() ? nullptr : B.data, c.bias_dt, y.data, ydt, im.n_sms, qx.data,
-                 sc != nullptr, im.stream);
+                 cached != nullptr, im.stream);
     return;
   }
   // Prefill / large batches: chunks of whole rows (a multiple of 128) dequantized to bf16, then the
@@ -345,7 +274,7 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
     const int64_t rows = std::min(chunk, out - r0);
     Weight dense;
     dense.w = be.alloc(DType::bf16, {rows, in});
-    if (!im.skip()) {
+    if (!im.skip(dense.w)) {
       ProfScope ps(im, "matmul (q dequant)");
       launch_qdequant_rows(q.args, nullptr, r0, rows, dense.w.data, Dt::bf16, im.stream);
     }
@@ -354,12 +283,12 @@ void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, c
     } else {
       Tensor yc = be.alloc(y.dtype, {n, rows});
       be.matmul(xb, dense, yc);
-      if (!im.skip())
+      if (!im.skip(y))
         CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(y.data) + r0 * esize, out * esize, yc.data, rows * esize,
                                      rows * esize, n, cudaMemcpyDeviceToDevice, im.stream));
     }
   }
-  if (!B.empty() && !im.skip()) launch_add_bias(y.data, ydt, n, out, B.data, dt_of(B, "matmul", "bias"), im.stream);
+  if (!B.empty() && !im.skip(y)) launch_add_bias(y.data, ydt, n, out, B.data, dt_of(B, "matmul", "bias"), im.stream);
 }
 
 void quantized_embedding(CudaBackend& be, CudaBackend::Impl& im, const Weight& table, const Tensor& ids,
@@ -367,10 +296,10 @@ void quantized_embedding(CudaBackend& be, CudaBackend::Impl& im, const Weight& t
   if (ids.dtype != DType::i32) fail("cuda", "embedding: ids must be int32, got {}", dtype_name(ids.dtype));
   if (ids.numel() != 0 && (ids.empty() || ids.device != Device::cuda))
     fail("cuda", "embedding: ids is in host memory; upload it first");
-  require_dev_act(out, "embedding", "out");
+  require_act(out, "embedding", "out");
   QResident q = resident_quantized(im, table, "embedding");
   const int64_t n = ids.numel(), dim = q.args.in;
-  if (out.numel() != n * dim) fail("cuda", "embedding: out {} for {} ids of dim {}", shape_str(out.shape), n, dim);
+  checks::embedding_out("cuda", out, n, dim);
   if (im.skip() || n == 0) return;
   ProfScope ps(im, "embedding (quantized)");
   launch_qdequant_rows(q.args, ids.ptr<int32_t>(), 0, n, out.data, dt_of(out, "embedding", "out"), im.stream);

@@ -10,20 +10,14 @@ namespace kiln::backend::cuda {
 
 // y [n, out] = x [n, in] · dequant(w)ᵀ (+ bias). Up to qgemv_max_tokens(bits) tokens (16 at 4 bits,
 // else 1): the quantized GEMV; more: row chunks dequantized to bf16 in per-step buffers, then the
-// dense cuBLASLt path of be.matmul. (Both matmul forms here are called by CudaBackend::matmul /
-// ::matmul_multi, which have already cleared the outputs' sidecars.)
+// dense cuBLASLt path of be.matmul. A 4-bit GEMV takes x's cached qx where its producer left one
+// (Impl::cached_qx); both forms end only the cached qx of what they write (Impl::skip(y)).
 void quantized_matmul(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& w, Tensor& y);
 // matmul_multi's quantized case: y_i = x · dequant(w_i)ᵀ for every i in one launch of the 4-bit
 // tensor-core GEMV when all weights are 4-bit and x has at most qgemv_max_tokens(4) tokens; returns
 // false (nothing done) otherwise, and the caller multiplies one weight at a time.
 bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x,
                             std::span<const Weight* const> ws, std::span<Tensor* const> ys);
-// gated_mlp's 4-bit case: one token through 4-bit gate/up/down of one scale dtype (bf16 or f16) and
-// group size, without biases, in one launch (launch_q4_gated_mlp; the separate ops' values up to f32
-// summation order) when this is the process's only CudaBackend (live_cuda_backends); returns false
-// (nothing done) otherwise, and the caller runs Backend's sequence.
-bool quantized_gated_mlp(CudaBackend& be, CudaBackend::Impl& im, const Tensor& x, const Weight& gate,
-                         const Weight& up, const Weight& down, Activation act, Tensor& out);
 // decoder_stack's 4-bit case (launch_q4_decoder): returns false (nothing done) unless it is on
 // (Impl::fused_decoder), this is the process's only CudaBackend (live_cuda_backends), x is one bf16
 // token, every layer's seven matrices are 4-bit of one group size and 2-byte scale dtype without

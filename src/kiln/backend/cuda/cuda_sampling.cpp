@@ -23,7 +23,6 @@ Tensor upload_records(CudaBackend& be, const std::vector<T>& v) {
 
 void CudaBackend::sample_rows(Tensor& logits, const std::vector<SampleParams>& params,
                               const std::vector<LogitAdjust>& adjust, Tensor& ids) {
-  logits.sidecar.reset();  // written here (TensorSidecar)
   Impl& im = *impl_;
   if (logits.device != Device::cuda || logits.dtype != DType::f32 || logits.ndim() != 2)
     fail("cuda", "sample_rows: logits must be float32 [rows, vocab] on the device, got {} {}", dtype_name(logits.dtype),
@@ -51,6 +50,7 @@ void CudaBackend::sample_rows(Tensor& logits, const std::vector<SampleParams>& p
     if (a.row < 0 || a.row >= rows) fail("cuda", "sample_rows: adjustment {} names row {} of {}", i, a.row, rows);
     da[i] = DevLogitAdjust{a.row, a.token, a.bias, a.in_context, a.n_generated};
   }
+  im.skip();  // the write fence (never a replay: checked above)
   if (rows == 0) return;
   Tensor dp = upload_records(*this, dr), dadj = upload_records(*this, da);
   ProfScope ps(im, "sample_rows");

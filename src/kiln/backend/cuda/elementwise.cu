@@ -319,14 +319,6 @@ void launch_gated_act(const void* gate, const void* up, int act, int64_t n, void
   KILN_CUDA_LAUNCH_CHECK("gated_act");
 }
 
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_PDL");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
-
 void launch_add(const void* a, const void* b, void* y, int64_t n, Dt t, cudaStream_t s) {
   if (n == 0) return;
   dispatch(t, [&]<typename T>() {

@@ -84,7 +84,7 @@ void launch_nt(const void* x, int64_t n, int64_t in, const void* w, int64_t out,
 void launch_gemv(const void* x, Dt xt, int64_t n, int64_t in, const void* w, Dt wt, int64_t out, const void* bias,
                  Dt bt, void* y, Dt yt, cudaStream_t s) {
   if (n == 0 || out == 0) return;
-  if (gemv_fast_enabled() && gemv_fast_supported(xt, n, in, w, wt, x))
+  if (gemv_fast_supported(xt, n, in, w, wt, x))
     return launch_gemv_fast(x, in, w, out, bias, bt, y, yt, s);
   if (xt == Dt::f16) {
     std::fprintf(stderr, "[cuda] gemv: x must be bf16 or f32\n");

@@ -4,10 +4,10 @@
 // not evict x from L1) before the first use, so an in = 4096 row is requested whole in one round.
 // x (bf16, tiny) is read through L1. f32 accumulation, warp-shuffle reduction, one rounding on store.
 // launch_gemv_fast_multi runs the same row body over up to 4 matrices sharing x in one launch.
-// Default for batch-1 bf16 (gemv_fast_enabled(); KILN_CUDA_GEMV=old selects gemv.cu's kernel).
+// Taken for every batch-1 bf16 GEMV it supports (82% against gemv.cu's 61% of the copy rate over a
+// llama-3-8b decode step's projections: 168 against 135 tok/s, docs/perf-log.md); gemv.cu keeps the
+// other cases (several tokens, other dtypes, unaligned rows).
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "kiln/backend/cuda/common.cuh"
 
@@ -121,16 +121,6 @@ __global__ void __launch_bounds__(kFastWarps * 32) gemv_bf16_fast_multi_kernel(c
 }
 
 }  // namespace
-
-bool gemv_fast_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_GEMV");
-    // Default on (verified on the H200, BENCHMARKS.md: 82% vs 61% of the copy rate over one llama-3-8b
-    // decode step's projections, 168 vs 135 tok/s); KILN_CUDA_GEMV=old selects gemv.cu's kernel.
-    return !(e && std::strcmp(e, "old") == 0);
-  }();
-  return on;
-}
 
 bool gemv_fast_supported(Dt xt, int64_t n, int64_t in, const void* w, Dt wt, const void* x) {
   return xt == Dt::bf16 && wt == Dt::bf16 && n == 1 && in % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&

@@ -90,8 +90,7 @@ void launch_gemv(const void* x, Dt xt, int64_t n, int64_t in, const void* w, Dt 
                  Dt bt, void* y, Dt yt, cudaStream_t s);
 constexpr int64_t kGemvMaxTokens = 8;  // tokens per weight pass; more go in further passes
 // gemv_fast.cu: the batch-1 bf16 GEMV with 256 B of loads in flight per lane, used by launch_gemv
-// when gemv_fast_enabled() (default; KILN_CUDA_GEMV=old turns it off) and gemv_fast_supported(...).
-bool gemv_fast_enabled();
+// for every case gemv_fast_supported(...) takes.
 bool gemv_fast_supported(Dt xt, int64_t n, int64_t in, const void* w, Dt wt, const void* x);
 void launch_gemv_fast(const void* x, int64_t in, const void* w, int64_t out, const void* bias, Dt bt, void* y, Dt yt,
                       cudaStream_t s);

@@ -1,5 +1,5 @@
 // The 4-bit tensor-core GEMV's arithmetic over one quad (qmatmul.cu states the tiled layout and the
-// qx format), shared by the GEMV (qmatmul.cu) and the fused gated MLP (qmlp.cu): one arithmetic per
+// qx format), shared by the GEMV (qmatmul.cu) and the decoder stack (qdecoder.cu): one arithmetic per
 // quad for both (they differ only in how a tile's quads are split over warps and summed).
 #pragma once
 #include <type_traits>

@@ -41,6 +41,17 @@
 
 namespace kiln::backend::cuda {
 
+int qring::smem_optin() {
+  static const int v = [] {
+    int dev = 0, bytes = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return major >= 9 ? bytes : 0;  // TMA bulk copies and mbarrier tx counts: sm_90
+  }();
+  return v;
+}
+
 namespace {
 
 using namespace qring;
@@ -77,7 +88,7 @@ struct DecoderPlan {
 int64_t attention_scratch(int64_t hd) { return 3 * hd * 4 + std::max<int64_t>(3 * hd * 2, kConsumers * (hd + 2) * 4); }
 
 // Blocks of a launch on n_sms multiprocessors (one per SM: the grid barrier needs all resident).
-int grid_for(int n_sms) { return std::min(n_sms, kQGatedMlpMaxGrid); }
+int grid_for(int n_sms) { return std::min(n_sms, kGridMaxBlocks); }
 
 DecoderPlan plan_for(const QDecoder& d, int n_sms) {
   DecoderPlan p{};

@@ -78,32 +78,17 @@ int64_t q4_qx_bytes(int64_t n, int64_t in, int group_size);
 // everywhere were slower than either (343.5 / 361.6 against 364.8 with an earlier kernel).
 inline int q4_gemv_warps(int64_t tiles, int n_sms) { return tiles <= int64_t{n_sms} * 2 ? 8 : 4; }
 
-// The gated MLP of one token in one launch (qmlp.cu): y [1, dim] (dtype yt) = down(act(gate(x)) *
-// up(x)) for 4-bit tiled gate/up [ffn, dim] and down [dim, ffn] of one scale dtype (bf16 or f16) and
-// group size, no biases; x [1, dim] bf16; h: ffn bf16 of device scratch (act(gate) * up, rounded as
-// gated_act rounds it); barrier: kQGatedMlpMaxGrid + 1 zeroed device words (the grid barrier's
-// arrival counters, one per grid size; the launch uses at most kQGatedMlpMaxGrid blocks).
-// The values of launch_qgemv_multi(gate, up), gated_act, launch_qgemv(down) up to f32 summation order
-// (each matrix's quads are summed in another order than those GEMVs'; the same bits on every call).
-// Persistent: one block per SM streams its tiles' weights into shared memory through a TMA ring while
-// its other warps compute, so DRAM keeps streaming through the activation and the grid barrier
-// between up and down. Nothing is launched where the shared memory cannot hold the ring
-// (q4_gated_mlp_fits is false).
-struct QGatedMlp {
-  QWeightArgs gate, up, down;
-  int act;  // Activation: 0 silu, 1 gelu_tanh, 2 gelu
-};
-constexpr int kQGatedMlpMaxGrid = 1024;
-bool q4_gated_mlp_fits(const QGatedMlp& m);
-void launch_q4_gated_mlp(const QGatedMlp& m, const void* x, void* h, void* y, Dt yt, unsigned long long* barrier,
-                         int n_sms, cudaStream_t s);
+// The persistent kernels' grid barrier (launch_q4_decoder): arrival counters, one per grid size, for
+// grids of at most kGridMaxBlocks blocks.
+constexpr int kGridMaxBlocks = 1024;
 // One decode token (one sequence) through a stack of Llama-style pre-norm decoder layers in one
 // persistent launch (qdecoder.cu): per layer x += o(attention(rope(q, k, v of rms_norm(x)))), then
 // x += down(act(gate(n)) * up(n)) with n = rms_norm(x). All seven matrices of every layer 4-bit
 // tiled, one scale dtype (bf16 or f16) and group size, no biases; bf16 activations, norms and
 // caches; head_dim 64 or 128, full rotary, no softcap. The values of the separate ops (rms_norm /
 // add_rms_norm, launch_qgemv_multi, rope_kv_write, attention, gated_act) up to f32 summation order.
-// barrier: as launch_q4_gated_mlp's. Nothing is launched where q4_decoder_fits is false.
+// barrier: kGridMaxBlocks + 1 zeroed device words (the grid barrier's arrival counters), then the
+// attention counters (QDecoder::counters). Nothing is launched where q4_decoder_fits is false.
 constexpr int kQDecoderMaxLayers = 96, kQDecoderMaxDim = 8192, kQDecoderMaxHeads = 256;
 struct QDecoderLayer {
   const void* attn_norm;  // bf16 [dim]
@@ -130,9 +115,9 @@ struct QDecoder {
   float* partials;            // f32 scratch: q4_decoder_partial_floats (the attention's key splits)
   unsigned* counters;         // [n_heads] zeros, left zero (the splits' arrivals)
 };
-// The words of the backend's barrier buffer: the grid barrier's kQGatedMlpMaxGrid + 1, then the
+// The words of the backend's barrier buffer: the grid barrier's kGridMaxBlocks + 1, then the
 // decoder's attention counters (QDecoder::counters, kQDecoderMaxHeads unsigned).
-constexpr int kGridBarrierWords = kQGatedMlpMaxGrid + 1 + kQDecoderMaxHeads / 2;
+constexpr int kGridBarrierWords = kGridMaxBlocks + 1 + kQDecoderMaxHeads / 2;
 bool q4_decoder_fits(const QDecoder& d, int n_sms);
 int64_t q4_decoder_partial_floats(const QDecoder& d, int n_sms);
 void launch_q4_decoder(const QDecoder& d, unsigned long long* barrier, int n_sms, cudaStream_t s);

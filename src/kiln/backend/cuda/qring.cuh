@@ -1,8 +1,7 @@
-// The machinery of the persistent 4-bit kernels that stream their weights through shared memory
-// (qmlp.cu: the gated MLP; qdecoder.cu: a whole decoder stack): one block per SM, a producer warp
-// copying the block's weight pieces in consumption order into a ring of shared-memory slots with TMA
-// bulk copies, and two groups of 8 consumer warps, each with its own ring, taking jobs (16-row
-// tiles) in turn (qmlp.cu) or halves of a phase's pieces (qdecoder.cu). A piece is up to kPieceQuads
+// The machinery of the persistent 4-bit kernel that streams its weights through shared memory
+// (qdecoder.cu: a whole decoder stack): one block per SM, a producer warp copying the block's weight
+// pieces in consumption order into a ring of shared-memory slots with TMA bulk copies, and two groups
+// of 8 consumer warps, each with its own ring, taking halves of a phase's pieces. A piece is up to kPieceQuads
 // quads of one tile: its codes, then its (scale, bias) pairs (the 4-bit tiled layout of qmatmul.cu).
 // sm_90 and later (mbarrier tx counts, bulk copies); the host side plans for 0 slots elsewhere.
 #pragma once

@@ -5,6 +5,7 @@
 #ifdef KILN_CUDA_STAMPS
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 #endif
 
@@ -60,8 +61,9 @@ bool stamps_register(void (*set)(const StampBuf&)) {
 
 void stamps_start() {
   static const bool once = [] {
-    g_path = std::getenv("KILN_CUDA_STAMPS");
-    if (!g_path || !*g_path) return false;
+    static const std::string path = CudaOptions::from_env().stamps_file;
+    if (path.empty()) return false;
+    g_path = path.c_str();
     if (cudaMalloc(&g_host.rec, size_t{kStampSms} * kStampsPerSm * sizeof(StampRec)) != cudaSuccess ||
         cudaMalloc(&g_host.count, kStampSms * sizeof(unsigned)) != cudaSuccess) {
       std::fprintf(stderr, "[stamps] no device memory for the records: stamps off\n");
