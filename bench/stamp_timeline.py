@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-launch spans of a stamps probe build's decode kernels (src/kiln/backend/cuda/stamps.cuh).
+"""Per-launch spans of a stamps probe build's decode kernels (src/kiln/backend/cuda/probe/stamps.cuh).
 
 Usage: stamp_timeline.py STAMPS.bin [--skip N] [--blocks LABEL]
 The file holds one 48-byte record per block: site, block, grid, SM, then %globaltimer (ns) at entry,
