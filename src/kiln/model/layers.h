@@ -1,4 +1,4 @@
-// Building blocks shared by the families: weight lookup, the per-step device inputs, the
+// Building blocks shared by the families: weight lookup, the output head, the
 // attention block over the paged cache (projections, optional q/k norms, RoPE, KV write,
 // attention, output projection) and the gated MLP. A family composes these; it does not copy them.
 #pragma once
