@@ -59,16 +59,9 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> contex
 }
 
 backend::SampleParams device_sample_params(const SamplingParams& p, double uniform) {
-  backend::SampleParams d;
-  d.temperature = p.temperature;
-  d.top_p = p.top_p;
-  d.min_p = p.min_p;
-  d.top_k = p.top_k;
-  d.repetition_penalty = p.repetition_penalty;
-  d.presence_penalty = p.presence_penalty;
-  d.frequency_penalty = p.frequency_penalty;
-  d.uniform = uniform;
-  return d;
+  return {.temperature = p.temperature, .top_p = p.top_p, .min_p = p.min_p, .top_k = p.top_k,
+          .repetition_penalty = p.repetition_penalty, .presence_penalty = p.presence_penalty,
+          .frequency_penalty = p.frequency_penalty, .uniform = uniform};
 }
 
 }  // namespace kiln::engine

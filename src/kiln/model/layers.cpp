@@ -93,16 +93,8 @@ StepInputs upload_step(const Model& m, const Batch& b) {
 }
 
 backend::AttnParams attn_params(const ModelConfig& c, const AttentionOptions& o, int block_size, int max_blocks) {
-  backend::AttnParams p;
-  p.n_heads = c.n_heads;
-  p.n_kv_heads = c.n_kv_heads;
-  p.head_dim = c.head_dim;
-  p.scale = o.scale;
-  p.softcap = o.softcap;
-  p.window = o.window;
-  p.block_size = block_size;
-  p.max_blocks = max_blocks;
-  return p;
+  return {.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .scale = o.scale,
+          .softcap = o.softcap, .window = o.window, .block_size = block_size, .max_blocks = max_blocks};
 }
 
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,

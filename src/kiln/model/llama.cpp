@@ -105,17 +105,16 @@ class Llama final : public Model {
       refs.push_back({&L.attn_norm, &L.mlp_norm, &L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.mlp.gate, &L.mlp.up,
                       &L.mlp.down, &cache.k[l], &cache.v[l], L.window});
     }
-    backend::DecoderStackArgs a;
-    a.layers = refs;
-    a.attn = attn_params(c, ao, cache.block_size, in.max_blocks);  // the window is per layer
-    a.act = act_;
-    a.eps = static_cast<float>(c.rms_norm_eps);
-    a.inv_freq = rope.inv_freq;
-    a.attn_factor = rope.attn_factor;
-    a.positions = in.positions;
-    a.slots = in.slots;
-    a.block_tables = in.block_tables;
-    a.token_seq = in.token_seq;
+    const backend::DecoderStackArgs a{.layers = refs,
+                                      .attn = attn_params(c, ao, cache.block_size, in.max_blocks),  // window: per layer
+                                      .act = act_,
+                                      .eps = static_cast<float>(c.rms_norm_eps),
+                                      .inv_freq = rope.inv_freq,
+                                      .attn_factor = rope.attn_factor,
+                                      .positions = in.positions,
+                                      .slots = in.slots,
+                                      .block_tables = in.block_tables,
+                                      .token_seq = in.token_seq};
     return fused->run(a, x);
   }
 
