@@ -3,10 +3,22 @@
 // one backend needs (f32 on the CPU, device residency and supported sizes on CUDA) stays with it.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 
 #include "kiln/backend/backend.h"
 
 namespace kiln::backend::checks {
+
+// A tensor argument and its name in messages: each(check, op, {{x, "x"}, {y, "y"}}) runs a backend's
+// own per-tensor check, check(t, op, name), on every argument in order.
+struct Arg {
+  const Tensor& t;
+  const char* name;
+};
+using ArgCheck = void (*)(const Tensor& t, const char* op, const char* name);
+inline void each(ArgCheck check, const char* op, std::initializer_list<Arg> args) {
+  for (const Arg& a : args) check(a.t, op, a.name);
+}
 
 // A quantized weight's tensors (MLX layout): 2-D uint32 codes of whole `bits`-bit values, a group
 // size dividing the input dimension, scales and biases [out, in / group_size] of one dtype.

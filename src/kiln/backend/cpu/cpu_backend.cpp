@@ -57,36 +57,30 @@ void CpuBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) 
   require_i32(ids, "embedding", "ids");
   require_f32(out, "embedding", "out");
   const Tensor& w = table.w;
-  if (table.quantized()) {  // gather + dequantize: one packed row per token
-    const QMatrix q = qmatrix_of(table);
-    const int64_t n = ids.numel(), dim = q.in;
-    checks::embedding_out("cpu", out, n, dim);
-    const int32_t* id = ids.ptr<int32_t>();
-    for (int64_t t = 0; t < n; ++t)
-      if (id[t] < 0 || id[t] >= q.out) fail("cpu", "embedding: token id {} out of range [0, {})", id[t], q.out);
-    pool_.parallel_for(n, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) k_.qdequant(q, id[t], 0, dim, out.ptr<float>() + t * dim);
-    }, std::max<int64_t>(1, kElemChunk / std::max<int64_t>(1, dim)));
-    return;
-  }
-  checks::float_matrix("cpu", "embedding", "table", w);
-  const int64_t n = ids.numel(), vocab = w.dim(0), dim = w.dim(1);
+  const bool quantized = table.quantized();  // then gather + dequantize: one packed row per token
+  const QMatrix q = quantized ? qmatrix_of(table) : QMatrix{};
+  if (!quantized) checks::float_matrix("cpu", "embedding", "table", w);
+  const int64_t n = ids.numel(), vocab = quantized ? q.out : w.dim(0), dim = quantized ? q.in : w.dim(1);
   checks::embedding_out("cpu", out, n, dim);
   const int32_t* id = ids.ptr<int32_t>();
   for (int64_t t = 0; t < n; ++t)
     if (id[t] < 0 || id[t] >= vocab) fail("cpu", "embedding: token id {} out of range [0, {})", id[t], vocab);
   const size_t row_bytes = dim * dtype_size(w.dtype);
   pool_.parallel_for(n, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t)
-      k_.to_f32(static_cast<const char*>(w.data) + id[t] * row_bytes, w.dtype, out.ptr<float>() + t * dim, dim);
+    for (int64_t t = b; t < e; ++t) {
+      float* o = out.ptr<float>() + t * dim;
+      if (quantized)
+        k_.qdequant(q, id[t], 0, dim, o);
+      else
+        k_.to_f32(static_cast<const char*>(w.data) + id[t] * row_bytes, w.dtype, o, dim);
+    }
   }, std::max<int64_t>(1, kElemChunk / std::max<int64_t>(1, dim)));
 }
 
 void CpuBackend::matmul(const Tensor& x, const Weight& w, Tensor& y) { cpu::matmul(k_, pool_, x, w, y); }
 
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus_w, Tensor& y) {
-  require_f32(x, "rms_norm", "x");
-  require_f32(y, "rms_norm", "y");
+  checks::each(require_f32, "rms_norm", {{x, "x"}, {y, "y"}});
   const int64_t dim = x.cols(), rows = x.rows();
   checks::rms_norm("cpu", x, w, y);
   // w_eff [dim]: the weight in f32, with Gemma's 1 + w folded in (computed in f32 as HF does).
@@ -133,10 +127,7 @@ void CpuBackend::rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, floa
 }
 
 void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
-  require_f32(k, "kv_write", "k");
-  require_f32(v, "kv_write", "v");
-  require_f32(k_cache, "kv_write", "k_cache");
-  require_f32(v_cache, "kv_write", "v_cache");
+  checks::each(require_f32, "kv_write", {{k, "k"}, {v, "v"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
   require_i32(slots, "kv_write", "slots");
   checks::kv_write("cpu", k, v, slots, k_cache, v_cache);
   const int64_t n = slots.numel(), width = k.cols();
@@ -156,13 +147,10 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
 }
 
 void CpuBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
-  require_f32(gate, "gated_act", "gate");
-  require_f32(up, "gated_act", "up");
-  require_f32(out, "gated_act", "out");
+  checks::each(require_f32, "gated_act", {{gate, "gate"}, {up, "up"}, {out, "out"}});
   checks::gated_act("cpu", gate, up, out);
   const int64_t n = gate.numel();
-  const float* g = gate.ptr<float>();
-  const float* u = up.ptr<float>();
+  const float *g = gate.ptr<float>(), *u = up.ptr<float>();
   float* o = out.ptr<float>();
   pool_.parallel_for(n, [&](int64_t b, int64_t e) {
     switch (act) {
@@ -180,13 +168,10 @@ void CpuBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act,
 }
 
 void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
-  require_f32(a, "add", "a");
-  require_f32(b, "add", "b");
-  require_f32(y, "add", "y");
+  checks::each(require_f32, "add", {{a, "a"}, {b, "b"}, {y, "y"}});
   checks::add("cpu", a, b, y);
   const int64_t n = a.numel();
-  const float* pa = a.ptr<float>();
-  const float* pb = b.ptr<float>();
+  const float *pa = a.ptr<float>(), *pb = b.ptr<float>();
   float* py = y.ptr<float>();
   pool_.parallel_for(n, [&](int64_t s, int64_t e) {
     for (int64_t i = s; i < e; ++i) py[i] = pa[i] + pb[i];

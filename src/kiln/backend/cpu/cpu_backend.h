@@ -26,7 +26,6 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(SimdLevel level);
   SimdLevel simd_level() const { return k_.level; }
-  const Kernels& kernels() const { return k_; }
 
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::cpu; }

@@ -6,15 +6,10 @@
 
 namespace kiln::backend::cpu {
 
-namespace {
+// kernels_scalar.cpp: element i of an f32, bf16 or f16 array.
+float load_scalar(const void* p, DType t, int64_t i);
 
-inline float scalar_at(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-  }
-}
+namespace {
 
 // Code k of a row: bits [k * bits, (k + 1) * bits) of the stream, read byte by byte so nothing past
 // the row's last byte is touched.
@@ -40,8 +35,8 @@ void qgemv_scalar(const float* x, int64_t n_x, int64_t x_stride, const float* xs
       for (int64_t g = 0; g < n_groups; ++g) {
         float part = 0.0f;
         for (int64_t k = g * gs; k < (g + 1) * gs; ++k) part += xt[k] * static_cast<float>(code_at(row, k, w.bits));
-        acc += scalar_at(w.scales, w.sdt, r * n_groups + g) * part +
-               scalar_at(w.biases, w.sdt, r * n_groups + g) * xsum[t * n_groups + g];
+        acc += load_scalar(w.scales, w.sdt, r * n_groups + g) * part +
+               load_scalar(w.biases, w.sdt, r * n_groups + g) * xsum[t * n_groups + g];
       }
       y[t * y_stride + r] = acc;
     }
@@ -53,8 +48,8 @@ void qdequant_scalar(const QMatrix& w, int64_t r, int64_t k0, int64_t kc, float*
   const int64_t n_groups = w.n_groups();
   for (int64_t k = 0; k < kc; ++k) {
     const int64_t g = (k0 + k) / w.group_size;
-    dst[k] = scalar_at(w.scales, w.sdt, r * n_groups + g) * static_cast<float>(code_at(row, k0 + k, w.bits)) +
-             scalar_at(w.biases, w.sdt, r * n_groups + g);
+    dst[k] = load_scalar(w.scales, w.sdt, r * n_groups + g) * static_cast<float>(code_at(row, k0 + k, w.bits)) +
+             load_scalar(w.biases, w.sdt, r * n_groups + g);
   }
 }
 

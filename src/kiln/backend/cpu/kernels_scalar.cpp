@@ -15,9 +15,8 @@ void qgemv_scalar(const float* x, int64_t n_x, int64_t x_stride, const float* xs
                   int64_t r1, float* y, int64_t y_stride);
 void qdequant_scalar(const QMatrix& w, int64_t r, int64_t k0, int64_t kc, float* dst);
 
-namespace {
-
-inline float load(const void* p, DType t, int64_t i) {
+// Element i of an f32, bf16 or f16 array (kernels_q_scalar.cpp reads scales and biases with it).
+float load_scalar(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::f32: return static_cast<const float*>(p)[i];
     case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
@@ -25,12 +24,14 @@ inline float load(const void* p, DType t, int64_t i) {
   }
 }
 
+namespace {
+
 void to_f32_scalar(const void* src, DType t, float* dst, int64_t n) {
   if (t == DType::f32) {
     std::memcpy(dst, src, n * sizeof(float));
     return;
   }
-  for (int64_t i = 0; i < n; ++i) dst[i] = load(src, t, i);
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_scalar(src, t, i);
 }
 
 // Four partial sums keep the dependency chain short (and let the compiler use SSE lanes).
@@ -80,13 +81,8 @@ void gemv_scalar(const float* x, int64_t n_x, int64_t x_stride, const void* w, D
     for (int64_t t = 0; t < n_x; ++t) y[t * y_stride + r] = 0.0f;
     for (int64_t k0 = 0; k0 < in; k0 += kChunk) {
       int64_t kc = std::min(kChunk, in - k0);
-      const float* wr;
-      if (wt == DType::f32) {
-        wr = reinterpret_cast<const float*>(row) + k0;
-      } else {
-        to_f32_scalar(row + k0 * esz, wt, buf, kc);
-        wr = buf;
-      }
+      if (wt != DType::f32) to_f32_scalar(row + k0 * esz, wt, buf, kc);
+      const float* wr = wt == DType::f32 ? reinterpret_cast<const float*>(row) + k0 : buf;
       for (int64_t t = 0; t < n_x; ++t) y[t * y_stride + r] += dot_scalar(x + t * x_stride + k0, wr, kc);
     }
   }
@@ -107,7 +103,7 @@ void gemm_pack_scalar(const void* w, DType wt, int64_t in, int64_t r0, int64_t n
         continue;
       }
       const char* row = static_cast<const char*>(w) + (static_cast<size_t>(r0 + r) * in + k0) * esz;
-      for (int64_t k = 0; k < kc; ++k) panel[k * nr + j] = load(row, wt, k);
+      for (int64_t k = 0; k < kc; ++k) panel[k * nr + j] = load_scalar(row, wt, k);
     }
   }
 }
@@ -215,10 +211,9 @@ SimdLevel simd_level_from_env() {
   const char* e = std::getenv("KILN_SIMD");
   if (!e || !*e) return best_simd_level();
   std::string v = e;
-  if (v == "scalar") return SimdLevel::scalar;
-  if (v == "avx2" || v == "avx512" || v == "avx512vnni") {
-    SimdLevel l = v == "avx2" ? SimdLevel::avx2 : v == "avx512" ? SimdLevel::avx512 : SimdLevel::avx512vnni;
-    if (!cpu_has(l))
+  for (SimdLevel l : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::avx512vnni}) {
+    if (v != simd_level_name(l)) continue;
+    if (!cpu_has(l))  // never for scalar
       fail("cpu", "KILN_SIMD={} but this CPU or build lacks it (best here: {}); unset KILN_SIMD", v,
            simd_level_name(best_simd_level()));
     return l;

@@ -86,20 +86,12 @@ void matmul_quantized(const Kernels& k, ThreadPool& pool, const float* xp, int64
 }  // namespace
 
 QMatrix qmatrix_of(const Weight& w) {
-  QMatrix q;
   checks::quantized_weight("cpu", nullptr, w);
-  const int64_t out = w.w.dim(0), in = w.in_features();
-  q.w = static_cast<const uint8_t*>(w.w.data);
-  q.row_bytes = w.w.dim(1) * 4;
-  q.end = q.w + out * q.row_bytes;
-  q.scales = w.scales.data;
-  q.biases = w.biases.data;
-  q.sdt = w.scales.dtype;
-  q.bits = w.bits;
-  q.group_size = w.group_size;
-  q.in = in;
-  q.out = out;
-  return q;
+  const int64_t out = w.w.dim(0), row_bytes = w.w.dim(1) * 4;
+  const auto* codes = static_cast<const uint8_t*>(w.w.data);
+  return {.w = codes, .end = codes + out * row_bytes, .row_bytes = row_bytes, .scales = w.scales.data,
+          .biases = w.biases.data, .sdt = w.scales.dtype, .bits = w.bits, .group_size = w.group_size,
+          .in = w.in_features(), .out = out};
 }
 
 void matmul(const Kernels& k, ThreadPool& pool, const Tensor& x, const Weight& w, Tensor& y) {

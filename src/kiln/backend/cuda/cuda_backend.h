@@ -101,8 +101,6 @@ class CudaBackend final : public Backend {
   void set_fused_decoder(bool on);
   // KILN_CUDA_PROFILE=1: every op is timed with events (graphs off); report() prints a table.
   std::string profile_report() const;
-  // Free and total device memory in bytes.
-  std::pair<size_t, size_t> memory_info() const;
 
   struct Impl;
   struct MoeCache;

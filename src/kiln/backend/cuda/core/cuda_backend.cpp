@@ -86,7 +86,6 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   im.profile = im.opt.profile;
   im.graphs_enabled = im.opt.graphs && !im.profile;
   im.l2_prefetch_bytes = im.opt.l2_prefetch_mb << 20;
-  im.fused_decoder = im.opt.fused_decoder;
   KILN_STAMPS_START();  // a probe build's stamps (probe_hooks.h; nothing otherwise)
   ++g_live_backends;  // last: a constructor that throws leaves no backend
 }
@@ -129,17 +128,11 @@ CudaBackend::~CudaBackend() {
 
 const CudaStats& CudaBackend::stats() const { return impl_->stats; }
 void CudaBackend::set_attention_kernel(AttnKernel k) { impl_->attn_kernel = k; }
-void CudaBackend::set_fused_decoder(bool on) { impl_->fused_decoder = on; }
+void CudaBackend::set_fused_decoder(bool on) { impl_->opt.fused_decoder = on; }
 
 void CudaBackend::set_graphs_enabled(bool on) {
   impl_->graphs_enabled = on && !impl_->profile;
   if (!on) impl_->drop_graphs();
-}
-
-std::pair<size_t, size_t> CudaBackend::memory_info() const {
-  size_t f = 0, t = 0;
-  CUDA_CHECK(cudaMemGetInfo(&f, &t));
-  return {f, t};
 }
 
 void CudaBackend::Impl::drop_graphs() {
@@ -151,10 +144,7 @@ void CudaBackend::Impl::drop_graphs() {
 // ---- buffers
 
 Tensor CudaBackend::Impl::dev_alloc(DType t, Shape s) {
-  Tensor r;
-  r.dtype = t;
-  r.shape = std::move(s);
-  r.device = Device::cuda;
+  Tensor r{.dtype = t, .shape = std::move(s), .device = Device::cuda};
   r.holder = device_malloc(r.nbytes(), stats);
   r.data = r.holder.get();
   forget_qx(r.data, r.nbytes());  // a new tensor at a reused address
@@ -162,10 +152,7 @@ Tensor CudaBackend::Impl::dev_alloc(DType t, Shape s) {
 }
 
 Tensor CudaBackend::Impl::arena_alloc(DType t, Shape s) {
-  Tensor r;
-  r.dtype = t;
-  r.shape = std::move(s);
-  r.device = Device::cuda;
+  Tensor r{.dtype = t, .shape = std::move(s), .device = Device::cuda};
   ArenaState& a = *arena;
   const size_t bytes = round_up(std::max<size_t>(r.nbytes(), 1), kAlign);
   // A record that does not fit gets a plain allocation, but it still goes on the stack, so the stack
@@ -219,12 +206,8 @@ Tensor CudaBackend::upload(const Tensor& host) {
   if (im.in_step) {
     // Through pinned staging, so the copy is asynchronous and needs no synchronization here.
     if (im.staging_top + n > im.staging->bytes) {
-      if (im.staging_top == 0 || n > im.staging->bytes / 2) {
-        CUDA_CHECK(cudaStreamSynchronize(im.stream));  // the old buffer may still be read
-        im.staging = pinned(std::max(2 * im.staging->bytes, 2 * n));
-      } else {
-        CUDA_CHECK(cudaStreamSynchronize(im.stream));
-      }
+      CUDA_CHECK(cudaStreamSynchronize(im.stream));  // the old buffer (or its start) may still be read
+      if (im.staging_top == 0 || n > im.staging->bytes / 2) im.staging = pinned(std::max(2 * im.staging->bytes, 2 * n));
       im.staging_top = 0;
     }
     char* dst = static_cast<char*>(im.staging->ptr) + im.staging_top;
@@ -257,9 +240,7 @@ Tensor CudaBackend::to_host(const Tensor& t) {
   if (n) CUDA_CHECK(cudaMemcpyAsync(buf->ptr, t.data, n, cudaMemcpyDeviceToHost, im.stream));
   CUDA_CHECK(cudaStreamSynchronize(im.stream));
   if (im.profile) im.flush_profile();
-  Tensor h;
-  h.dtype = t.dtype;
-  h.shape = t.shape;
+  Tensor h = t;
   h.device = Device::cpu;
   h.data = buf->ptr;
   h.holder = std::shared_ptr<void>(buf, buf->ptr);

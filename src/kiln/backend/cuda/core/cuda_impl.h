@@ -87,7 +87,6 @@ struct CudaBackend::Impl {
   int64_t attn_counters_n = 16384;
   // The grid barrier's arrival counters of the decoder stack (launch_q4_decoder): kGridBarrierWords
   // zeroed words.
-  bool fused_decoder = true;  // set_fused_decoder
   unsigned long long* grid_barrier = nullptr;
   CudaStats stats;
   AttnKernel attn_kernel = AttnKernel::automatic;

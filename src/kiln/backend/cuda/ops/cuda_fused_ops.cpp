@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kiln/backend/checks.h"
 #include "kiln/backend/cuda/core/cuda_impl.h"
 #include "kiln/backend/cuda/quant/cuda_qops.h"
 
@@ -21,9 +22,7 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, 
                                Tensor& y) {
   if (!impl_->opt.fused) return Backend::add_rms_norm(x, delta, w, eps, one_plus_w, y);
   Impl& im = *impl_;
-  require_act(x, "add_rms_norm", "x");
-  require_act(delta, "add_rms_norm", "delta");
-  require_act(y, "add_rms_norm", "y");
+  checks::each(require_act, "add_rms_norm", {{x, "x"}, {delta, "delta"}, {y, "y"}});
   const int64_t dim = x.cols(), rows = x.rows();
   if (delta.numel() != x.numel() || y.numel() != x.numel() || delta.dtype != x.dtype || y.dtype != x.dtype)
     fail("cuda", "add_rms_norm: x {} {}, delta {} {} and y {} {} must match", dtype_name(x.dtype), shape_str(x.shape),
@@ -64,13 +63,8 @@ void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Ten
   if (!impl_->opt.fused) return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, k_cache, v_cache);
   Impl& im = *impl_;
   const char* op = "rope_kv_write";
-  require_act(q, op, "q");
-  require_act(k, op, "k");
-  require_act(v, op, "v");
-  require_act(k_cache, op, "k_cache");
-  require_act(v_cache, op, "v_cache");
-  require_i32(pos, op, "pos");
-  require_i32(slots, op, "slots");
+  checks::each(require_act, op, {{q, "q"}, {k, "k"}, {v, "v"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
+  checks::each(require_i32, op, {{pos, "pos"}, {slots, "slots"}});
   if (inv_freq.dtype != DType::f32) fail("cuda", "rope_kv_write: inv_freq must be float32");
   if (q.ndim() != 3 || k.ndim() != 3 || q.dim(0) != k.dim(0) || q.dim(2) != k.dim(2))
     fail("cuda", "rope_kv_write: q {} and k {} must be [n_tokens, heads, head_dim] of one n_tokens and head_dim",

@@ -155,26 +155,17 @@ void CudaBackend::moe_experts(const Tensor& x, std::span<const ExpertWeights> ex
   if (im.skip()) return;
   ProfScope ps(im, "moe_experts");
   const auto table = static_cast<const void* const*>(en.table.data);
-  MoeExpertsArgs a{};
-  a.x = x.data;
-  a.xt = dt_of(x, op, "x");
-  a.gate = table;
-  a.up = table + n_experts;
-  a.down = table + 2 * n_experts;
-  a.wt = dt_of(en.keep[0], op, "expert weights");
-  a.ids = ids.ptr<int32_t>();
-  a.weights = weights.ptr<float>();
-  a.n = n, a.k = k, a.n_experts = n_experts, a.dim = dim, a.ffn = en.ffn;
-  a.act = static_cast<int>(act);
   // 16-byte weight loads of VEC elements need every row of every matrix (and of x, h) on a VEC
   // boundary: aligned bases and dim, ffn multiples of VEC. x's loads are VEC elements of its dtype.
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(en.wt));
   const int64_t x_align = std::min<int64_t>(16, vec * static_cast<int64_t>(dtype_size(x.dtype)));
-  a.vector = en.aligned16 && dim % vec == 0 && en.ffn % vec == 0 && reinterpret_cast<uintptr_t>(x.data) % x_align == 0;
-  a.h = h.data;
-  a.y = y.data;
-  a.out = out.data;
-  a.ot = dt_of(out, op, "out");
+  const bool vector =
+      en.aligned16 && dim % vec == 0 && en.ffn % vec == 0 && reinterpret_cast<uintptr_t>(x.data) % x_align == 0;
+  const MoeExpertsArgs a{.x = x.data, .xt = dt_of(x, op, "x"), .gate = table, .up = table + n_experts,
+                         .down = table + 2 * n_experts, .wt = dt_of(en.keep[0], op, "expert weights"),
+                         .ids = ids.ptr<int32_t>(), .weights = weights.ptr<float>(), .n = n, .k = k,
+                         .n_experts = n_experts, .dim = dim, .ffn = en.ffn, .act = static_cast<int>(act),
+                         .vector = vector, .h = h.data, .y = y.data, .out = out.data, .ot = dt_of(out, op, "out")};
   launch_moe_experts(a, im.stream);
 }
 

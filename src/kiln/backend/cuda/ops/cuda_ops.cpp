@@ -64,8 +64,7 @@ void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out)
 void CudaBackend::matmul(const Tensor& x, const Weight& w, Tensor& y) {
   Impl& im = *impl_;
   if (w.quantized()) return quantized_matmul(*this, im, x, w, y);  // cuda_qops.cpp
-  require_act(x, "matmul", "x");
-  require_act(y, "matmul", "y");
+  checks::each(require_act, "matmul", {{x, "x"}, {y, "y"}});
   const Tensor& wt = w.w;
   checks::float_matrix("cuda", "matmul", "weight", wt);
   const Dt wdt = dt_of(wt, "matmul", "weight");
@@ -133,8 +132,7 @@ void CudaBackend::matmul(const Tensor& x, const Weight& w, Tensor& y) {
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus_w, Tensor& y) {
   Impl& im = *impl_;
-  require_act(x, "rms_norm", "x");
-  require_act(y, "rms_norm", "y");
+  checks::each(require_act, "rms_norm", {{x, "x"}, {y, "y"}});
   checks::rms_norm("cuda", x, w, y);
   const int64_t dim = x.cols(), rows = x.rows();
   const Dt wt = dt_of(w, "rms_norm", "w");
@@ -161,10 +159,7 @@ void CudaBackend::rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, flo
 
 void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
   Impl& im = *impl_;
-  require_act(k, "kv_write", "k");
-  require_act(v, "kv_write", "v");
-  require_act(k_cache, "kv_write", "k_cache");
-  require_act(v_cache, "kv_write", "v_cache");
+  checks::each(require_act, "kv_write", {{k, "k"}, {v, "v"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
   require_i32(slots, "kv_write", "slots");
   checks::kv_write("cuda", k, v, slots, k_cache, v_cache);
   const int64_t n = slots.numel(), width = k.cols();
@@ -182,9 +177,8 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
     require_device(*t, "attention", "q/caches/out");
     if (t->dtype != DType::bf16) fail("cuda", "attention: q, caches and out must be bfloat16, got {}", dtype_name(t->dtype));
   }
-  require_i32(block_tables, "attention", "block_tables");
-  require_i32(token_seq, "attention", "token_seq");
-  require_i32(token_pos, "attention", "token_pos");
+  checks::each(require_i32, "attention", {{block_tables, "block_tables"}, {token_seq, "token_seq"},
+                                          {token_pos, "token_pos"}});
   checks::attention("cuda", q, k_cache, v_cache, block_tables, token_seq, token_pos, p, out);
   if (p.head_dim > 256 || p.n_heads / p.n_kv_heads > 16 || p.head_dim % 2 != 0)
     fail("cuda", "attention: unsupported params n_heads={} n_kv_heads={} head_dim={}", p.n_heads, p.n_kv_heads,
@@ -232,9 +226,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
 
 void CudaBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
   Impl& im = *impl_;
-  require_act(gate, "gated_act", "gate");
-  require_act(up, "gated_act", "up");
-  require_act(out, "gated_act", "out");
+  checks::each(require_act, "gated_act", {{gate, "gate"}, {up, "up"}, {out, "out"}});
   checks::gated_act("cuda", gate, up, out);
   const int64_t n = gate.numel();
   QxOut qx;  // out's quantized form for a 4-bit GEMV, written by the same kernel
@@ -246,9 +238,7 @@ void CudaBackend::gated_act(const Tensor& gate, const Tensor& up, Activation act
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
   Impl& im = *impl_;
-  require_act(a, "add", "a");
-  require_act(b, "add", "b");
-  require_act(y, "add", "y");
+  checks::each(require_act, "add", {{a, "a"}, {b, "b"}, {y, "y"}});
   checks::add("cuda", a, b, y);
   const int64_t n = a.numel();
   if (im.skip()) return;
@@ -275,8 +265,7 @@ void CudaBackend::softcap(Tensor& x, float cap) {
 
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   Impl& im = *impl_;
-  require_device(x, "gather_rows", "x");
-  require_device(out, "gather_rows", "out");
+  checks::each(require_device, "gather_rows", {{x, "x"}, {out, "out"}});
   require_i32(rows, "gather_rows", "rows");
   checks::gather_rows("cuda", x, rows, out);
   const int64_t n_out = rows.numel(), d = x.cols();
@@ -288,8 +277,7 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) 
 
 void CudaBackend::scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) {
   Impl& im = *impl_;
-  require_act(src, "scatter_add_rows", "src");
-  require_act(dst, "scatter_add_rows", "dst");
+  checks::each(require_act, "scatter_add_rows", {{src, "src"}, {dst, "dst"}});
   require_i32(rows, "scatter_add_rows", "rows");
   require_device(weights, "scatter_add_rows", "weights");
   const int64_t m = src.rows(), d = src.cols();

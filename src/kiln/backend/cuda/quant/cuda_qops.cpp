@@ -113,8 +113,7 @@ struct QCall {
 };
 
 QCall check_quantized_matmul(CudaBackend::Impl& im, const Tensor& x, const Weight& w, const Tensor& y) {
-  require_act(x, "matmul", "x");
-  require_act(y, "matmul", "y");
+  checks::each(require_act, "matmul", {{x, "x"}, {y, "y"}});
   QCall c;
   c.q = resident_quantized(im, w, "matmul");
   checks::matmul("cuda", x, w.w.shape, c.q.args.in, c.q.args.out, w.bias, y);
@@ -175,8 +174,9 @@ bool quantized_matmul_multi(CudaBackend& be, CudaBackend::Impl& im, const Tensor
 bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const DecoderStackArgs& a, Tensor& x) {
   const AttnParams& ap = a.attn;
   auto on_device = [](const Tensor& t, DType dt) { return !t.empty() && t.device == Device::cuda && t.dtype == dt; };
-  if (!im.fused_decoder || live_cuda_backends() > 1 || a.layers.empty() || a.layers.size() > static_cast<size_t>(kQDecoderMaxLayers) ||
-      x.rows() != 1 || !on_device(x, DType::bf16) || ap.softcap > 0.0f || ap.n_kv_heads <= 0 ||
+  if (!im.opt.fused_decoder || live_cuda_backends() > 1 || a.layers.empty() ||
+      a.layers.size() > static_cast<size_t>(kQDecoderMaxLayers) || x.rows() != 1 || !on_device(x, DType::bf16) ||
+      ap.softcap > 0.0f || ap.n_kv_heads <= 0 ||
       int64_t{ap.block_size} * ap.max_blocks > kDecoderMaxKeys || !on_device(a.inv_freq, DType::f32) ||
       a.inv_freq.numel() * 2 != ap.head_dim || !on_device(a.block_tables, DType::i32))
     return false;
