@@ -105,8 +105,9 @@ class Llama final : public Model {
       refs.push_back({&L.attn_norm, &L.mlp_norm, &L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.mlp.gate, &L.mlp.up,
                       &L.mlp.down, &cache.k[l], &cache.v[l], L.window});
     }
+    // attn.window is unused: the window is per layer (DecoderLayerRef).
     const backend::DecoderStackArgs a{.layers = refs,
-                                      .attn = attn_params(c, ao, cache.block_size, in.max_blocks),  // window: per layer
+                                      .attn = attn_params(c, ao, cache.block_size, in.max_blocks),
                                       .act = act_,
                                       .eps = static_cast<float>(c.rms_norm_eps),
                                       .inv_freq = rope.inv_freq,

@@ -213,7 +213,7 @@ SimdLevel simd_level_from_env() {
   std::string v = e;
   for (SimdLevel l : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::avx512vnni}) {
     if (v != simd_level_name(l)) continue;
-    if (!cpu_has(l))  // never for scalar
+    if (!cpu_has(l))  // always true for scalar
       fail("cpu", "KILN_SIMD={} but this CPU or build lacks it (best here: {}); unset KILN_SIMD", v,
            simd_level_name(best_simd_level()));
     return l;

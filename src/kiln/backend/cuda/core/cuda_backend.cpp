@@ -207,7 +207,8 @@ Tensor CudaBackend::upload(const Tensor& host) {
     // Through pinned staging, so the copy is asynchronous and needs no synchronization here.
     if (im.staging_top + n > im.staging->bytes) {
       CUDA_CHECK(cudaStreamSynchronize(im.stream));  // the old buffer (or its start) may still be read
-      if (im.staging_top == 0 || n > im.staging->bytes / 2) im.staging = pinned(std::max(2 * im.staging->bytes, 2 * n));
+      if (im.staging_top == 0 || n > im.staging->bytes / 2)
+        im.staging = pinned(std::max(2 * im.staging->bytes, 2 * n));
       im.staging_top = 0;
     }
     char* dst = static_cast<char*>(im.staging->ptr) + im.staging_top;
