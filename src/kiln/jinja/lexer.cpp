@@ -121,6 +121,19 @@ class Lexer {
     return text;
   }
 
+  // The end of the `%}`, `#}` or `}}` (kind '%', '#', '{') that closes a tag at i, or 0 when none is
+  // there: `-` strips the whitespace after it; trim_blocks drops one newline after a block or
+  // comment, `+` keeps it (a print tag has neither).
+  size_t close_at(size_t i, char kind) const {
+    const bool print = kind == '{';
+    const std::string close{print ? '}' : kind, '}'};
+    if (!print && at(i, "+" + close)) return i + 3;
+    if (at(i, "-" + close)) return skip_space(i + 3);
+    if (!at(i, close)) return 0;
+    const bool trim = !print && opt_.trim_blocks && i + 2 < src_.size() && src_[i + 2] == '\n';
+    return trim ? i + 3 : i + 2;
+  }
+
   // After `{% raw %}`: the text up to `{% endraw %}` is data.
   size_t lex_raw(size_t start, bool& line_starting) {
     bool begin_ends_line = start > 0 && src_[start - 1] == '\n';
@@ -130,18 +143,8 @@ class Lexer {
       if (i < src_.size() && (src_[i] == '-' || src_[i] == '+')) sign = src_[i++];
       i = skip_space(i);
       if (!at(i, "endraw")) continue;
-      i = skip_space(i + 6);
-      size_t end;
-      if (at(i, "+%}")) {
-        end = i + 3;
-      } else if (at(i, "-%}")) {
-        end = skip_space(i + 3);
-      } else if (at(i, "%}")) {
-        end = i + 2;
-        if (opt_.trim_blocks && end < src_.size() && src_[end] == '\n') ++end;
-      } else {
-        continue;
-      }
+      size_t end = close_at(skip_space(i + 6), '%');
+      if (!end) continue;
       emit(TokenType::Data, strip_before_tag(src_.substr(start, p - start), sign, true, begin_ends_line), start);
       line_starting = src_[end - 1] == '\n';
       return end;
@@ -151,16 +154,7 @@ class Lexer {
 
   size_t skip_comment(size_t i, size_t begin, bool& line_starting) {
     for (; i < src_.size(); ++i) {
-      size_t end = 0;
-      if (at(i, "+#}")) {
-        end = i + 3;
-      } else if (at(i, "-#}")) {
-        end = skip_space(i + 3);
-      } else if (at(i, "#}")) {
-        end = i + 2;
-        if (opt_.trim_blocks && end < src_.size() && src_[end] == '\n') ++end;
-      }
-      if (end) {
+      if (size_t end = close_at(i, '#')) {
         line_starting = src_[end - 1] == '\n';
         return end;
       }
@@ -173,29 +167,10 @@ class Lexer {
     std::vector<char> balance;
     line_starting = false;
     while (i < src_.size()) {
-      if (balance.empty()) {
-        size_t end = 0;
-        if (block) {
-          if (at(i, "+%}")) {
-            end = i + 3;
-          } else if (at(i, "-%}")) {
-            end = skip_space(i + 3);
-          } else if (at(i, "%}")) {
-            end = i + 2;
-            if (opt_.trim_blocks && end < src_.size() && src_[end] == '\n') ++end;
-          }
-        } else {
-          if (at(i, "-}}")) {
-            end = skip_space(i + 3);
-          } else if (at(i, "}}")) {
-            end = i + 2;
-          }
-        }
-        if (end) {
-          emit(block ? TokenType::BlockEnd : TokenType::VarEnd, "", i);
-          line_starting = src_[end - 1] == '\n';
-          return end;
-        }
+      if (size_t end = balance.empty() ? close_at(i, block ? '%' : '{') : 0) {
+        emit(block ? TokenType::BlockEnd : TokenType::VarEnd, "", i);
+        line_starting = src_[end - 1] == '\n';
+        return end;
       }
       size_t j = skip_space(i);
       if (j != i) {
