@@ -233,7 +233,13 @@ void Parser::parse_signature(Stmt& s) {
   expect_op(")");
 }
 
-void Parser::analyze(Stmt& s) {
+// The body of a macro or call block: an enclosing loop does not count inside it (no `break`), and
+// its loads of caller, varargs and kwargs are noted.
+void Parser::parse_callable_body(Stmt& s, const char* end_tag, const char* opener) {
+  int saved = loop_depth_;
+  loop_depth_ = 0;
+  s.body = parse_statements({end_tag}, true, opener, s.line);
+  loop_depth_ = saved;
   SpecialNames names;
   names.body(s.body);
   s.uses_caller = names.caller;
@@ -245,11 +251,7 @@ StmtPtr Parser::parse_macro() {
   auto s = make_stmt(StmtKind::Macro, next().line);
   s->text = expect_name();
   parse_signature(*s);
-  int saved = loop_depth_;
-  loop_depth_ = 0;
-  s->body = parse_statements({"endmacro"}, true, "macro", s->line);
-  loop_depth_ = saved;
-  analyze(*s);
+  parse_callable_body(*s, "endmacro", "macro");
   return s;
 }
 
@@ -258,11 +260,7 @@ StmtPtr Parser::parse_call_block() {
   if (is_op("(")) parse_signature(*s);
   s->expr = parse_expression(true);
   if (s->expr->kind != ExprKind::Call) fail(s->line, "expected call");
-  int saved = loop_depth_;
-  loop_depth_ = 0;
-  s->body = parse_statements({"endcall"}, true, "call", s->line);
-  loop_depth_ = saved;
-  analyze(*s);
+  parse_callable_body(*s, "endcall", "call");
   return s;
 }
 

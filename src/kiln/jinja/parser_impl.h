@@ -79,7 +79,7 @@ class Parser {
   StmtPtr parse_if();
   StmtPtr parse_set();
   void parse_signature(Stmt& s);
-  void analyze(Stmt& s);
+  void parse_callable_body(Stmt& s, const char* end_tag, const char* opener);
   StmtPtr parse_macro();
   StmtPtr parse_call_block();
   StmtPtr parse_filter_block();
