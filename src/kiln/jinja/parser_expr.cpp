@@ -2,6 +2,7 @@
 // compare < +,- < ~ < *,/,//,% < ** < unary < postfix/filters/tests) with its quirks: `is` binds
 // tighter than arithmetic, `-x|f` filters the negation, a test argument may follow without
 // parentheses, adjacent string literals concatenate.
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -38,14 +39,14 @@ ExprPtr Parser::parse_tuple(bool simplified, bool with_condexpr, Names extra_end
   return t;
 }
 
-ExprPtr Parser::parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
+ExprPtr Parser::parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_binary(0); }
 
 ExprPtr Parser::parse_condexpr() {
-  ExprPtr expr1 = parse_or();
+  ExprPtr expr1 = parse_binary(0);
   while (is_name("if")) {
     int line = next().line;
     auto c = make(ExprKind::Cond, line);
-    c->a = parse_or();
+    c->a = parse_binary(0);
     if (skip_name("else")) c->c = parse_condexpr();
     c->b = std::move(expr1);
     expr1 = std::move(c);
@@ -61,20 +62,22 @@ ExprPtr Parser::binary(const std::string& op, ExprPtr l, ExprPtr r, int line) {
   return e;
 }
 
-ExprPtr Parser::parse_or() {
-  ExprPtr left = parse_and();
-  while (is_name("or")) {
-    int line = next().line;
-    left = binary("or", std::move(left), parse_and(), line);
-  }
-  return left;
-}
-
-ExprPtr Parser::parse_and() {
-  ExprPtr left = parse_not();
-  while (is_name("and")) {
-    int line = next().line;
-    left = binary("and", std::move(left), parse_not(), line);
+// jinja2's left-associative binary levels, loosest first: `or`, `and` (then `not` and the
+// comparisons, which parse_not reads), `+ -`, `~`, `* / // %`, `**` (then the unary operators).
+// The keywords are Name tokens and the rest Op tokens; neither kind can spell the other.
+ExprPtr Parser::parse_binary(size_t level) {
+  static const std::vector<std::vector<std::string>> kLevels = {
+      {"or"}, {"and"}, {"+", "-"}, {"~"}, {"*", "/", "//", "%"}, {"**"}};
+  auto operand = [&] {
+    if (level == 1) return parse_not();
+    return level + 1 < kLevels.size() ? parse_binary(level + 1) : parse_unary(true);
+  };
+  const std::vector<std::string>& ops = kLevels[level];
+  ExprPtr left = operand();
+  while ((cur().type == TokenType::Name || cur().type == TokenType::Op) &&
+         std::find(ops.begin(), ops.end(), cur().value) != ops.end()) {
+    Token t = next();
+    left = binary(t.value, std::move(left), operand(), t.line);
   }
   return left;
 }
@@ -92,7 +95,7 @@ ExprPtr Parser::parse_not() {
 
 ExprPtr Parser::parse_compare() {
   int line = cur().line;
-  ExprPtr expr = parse_math1();
+  ExprPtr expr = parse_binary(2);
   std::vector<std::string> ops;
   std::vector<ExprPtr> operands;
   while (true) {
@@ -109,7 +112,7 @@ ExprPtr Parser::parse_compare() {
     } else {
       break;
     }
-    operands.push_back(parse_math1());
+    operands.push_back(parse_binary(2));
   }
   if (ops.empty()) return expr;
   auto e = make(ExprKind::Compare, line);
@@ -117,42 +120,6 @@ ExprPtr Parser::parse_compare() {
   e->ops = std::move(ops);
   e->args = std::move(operands);
   return e;
-}
-
-ExprPtr Parser::parse_math1() {
-  ExprPtr left = parse_concat();
-  while (is_op("+") || is_op("-")) {
-    Token t = next();
-    left = binary(t.value, std::move(left), parse_concat(), t.line);
-  }
-  return left;
-}
-
-ExprPtr Parser::parse_concat() {
-  ExprPtr left = parse_math2();
-  while (is_op("~")) {
-    int line = next().line;
-    left = binary("~", std::move(left), parse_math2(), line);
-  }
-  return left;
-}
-
-ExprPtr Parser::parse_math2() {
-  ExprPtr left = parse_pow();
-  while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-    Token t = next();
-    left = binary(t.value, std::move(left), parse_pow(), t.line);
-  }
-  return left;
-}
-
-ExprPtr Parser::parse_pow() {
-  ExprPtr left = parse_unary(true);
-  while (is_op("**")) {
-    int line = next().line;
-    left = binary("**", std::move(left), parse_unary(true), line);
-  }
-  return left;
 }
 
 ExprPtr Parser::parse_unary(bool with_filter) {

@@ -93,14 +93,9 @@ class Parser {
   ExprPtr parse_expression(bool with_condexpr);
   ExprPtr parse_condexpr();
   ExprPtr binary(const std::string& op, ExprPtr l, ExprPtr r, int line);
-  ExprPtr parse_or();
-  ExprPtr parse_and();
+  ExprPtr parse_binary(size_t level);  // 0: or, 1: and, 2: + -, 3: ~, 4: * / // %, 5: **
   ExprPtr parse_not();
   ExprPtr parse_compare();
-  ExprPtr parse_math1();
-  ExprPtr parse_concat();
-  ExprPtr parse_math2();
-  ExprPtr parse_pow();
   ExprPtr parse_unary(bool with_filter);
   ExprPtr constant(Value v, int line);
   ExprPtr parse_primary();
