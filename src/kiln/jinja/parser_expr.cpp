@@ -179,8 +179,7 @@ ExprPtr Parser::parse_primary() {
         expect_op(")");
         return e;
       }
-      if (t.value == "[") return parse_list();
-      if (t.value == "{") return parse_dict();
+      if (t.value == "[" || t.value == "{") return parse_list_or_dict();
       break;
     default: break;
   }
@@ -188,27 +187,21 @@ ExprPtr Parser::parse_primary() {
   fail(line, fmt::format("unexpected '{}'", describe(t)));
 }
 
-ExprPtr Parser::parse_list() {
-  auto e = make(ExprKind::List, next().line);
-  while (!is_op("]")) {
+// `[a, b]` or `{k: v, ...}`, a trailing comma allowed.
+ExprPtr Parser::parse_list_or_dict() {
+  const bool dict = is_op("{");
+  const char* close = dict ? "}" : "]";
+  auto e = make(dict ? ExprKind::Dict : ExprKind::List, next().line);
+  while (!is_op(close)) {
     if (!e->args.empty()) expect_op(",");
-    if (is_op("]")) break;
+    if (is_op(close)) break;
     e->args.push_back(parse_expression(true));
+    if (dict) {
+      expect_op(":");
+      e->args.push_back(parse_expression(true));
+    }
   }
-  expect_op("]");
-  return e;
-}
-
-ExprPtr Parser::parse_dict() {
-  auto e = make(ExprKind::Dict, next().line);
-  while (!is_op("}")) {
-    if (!e->args.empty()) expect_op(",");
-    if (is_op("}")) break;
-    e->args.push_back(parse_expression(true));
-    expect_op(":");
-    e->args.push_back(parse_expression(true));
-  }
-  expect_op("}");
+  expect_op(close);
   return e;
 }
 

@@ -99,8 +99,7 @@ class Parser {
   ExprPtr parse_unary(bool with_filter);
   ExprPtr constant(Value v, int line);
   ExprPtr parse_primary();
-  ExprPtr parse_list();
-  ExprPtr parse_dict();
+  ExprPtr parse_list_or_dict();
   ExprPtr parse_postfix(ExprPtr node);
   ExprPtr parse_filter_expr(ExprPtr node);
   ExprPtr parse_subscript(ExprPtr node);
