@@ -358,22 +358,14 @@ class Renderer {
         return get_item(obj, eval(*e.b, scope));
       }
       case ExprKind::Slice: throw TemplateError("a slice is only valid inside []");
-      case ExprKind::Call: {
-        Value callee = eval(*e.a, scope);
-        CallArgs args = eval_args(e, scope);
-        line_ = e.line;
-        return call_value(callee, args);
-      }
-      case ExprKind::Filter: {
-        Value operand = eval(*e.a, scope);
-        CallArgs args = eval_args(e, scope);
-        line_ = e.line;
-        return apply_filter(e.name, operand, args);
-      }
+      case ExprKind::Call:
+      case ExprKind::Filter:
       case ExprKind::Test: {
-        Value operand = eval(*e.a, scope);
+        Value operand = eval(*e.a, scope);  // the callee of a Call
         CallArgs args = eval_args(e, scope);
         line_ = e.line;
+        if (e.kind == ExprKind::Call) return call_value(operand, args);
+        if (e.kind == ExprKind::Filter) return apply_filter(e.name, operand, args);
         return Value::boolean(apply_test(e.name, operand, args));
       }
       case ExprKind::Unary:
