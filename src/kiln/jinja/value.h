@@ -52,16 +52,8 @@ class Value {
     return v;
   }
   static Value none() { return with_type(Type::None); }
-  static Value boolean(bool b) {
-    Value v = with_type(Type::Bool);
-    v.i_ = b;
-    return v;
-  }
-  static Value integer(int64_t i) {
-    Value v = with_type(Type::Int);
-    v.i_ = i;
-    return v;
-  }
+  static Value boolean(bool b) { return with_type(Type::Bool, b); }
+  static Value integer(int64_t i) { return with_type(Type::Int, i); }
   static Value number(double f) {
     Value v = with_type(Type::Float);
     v.f_ = f;
@@ -114,9 +106,10 @@ class Value {
     if (f <= -9.2233720368547758e18) return INT64_MIN;
     return static_cast<int64_t>(f);
   }
-  static Value with_type(Type t) {
+  static Value with_type(Type t, int64_t i = 0) {  // i: a Bool's or an Int's value
     Value v;
     v.type_ = t;
+    v.i_ = i;
     return v;
   }
   Type type_ = Type::Undefined;
