@@ -29,6 +29,17 @@ struct Spec {
 
 bool is_align(char32_t c) { return c == '<' || c == '>' || c == '^' || c == '='; }
 
+// The decimal number at s[i] (i moves past it), -1 when there is none; over kMaxWidth throws `too_big`.
+template <typename S>
+int64_t read_width(const S& s, size_t& i, const char* too_big) {
+  int64_t v = -1;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+    v = (v < 0 ? 0 : v * 10) + (s[i++] - '0');
+    if (v > kMaxWidth) throw TemplateError(too_big);
+  }
+  return v;
+}
+
 Spec parse_spec(const std::string& spec_text) {
   Spec s;
   std::u32string u = pystr::decode(spec_text);
@@ -51,19 +62,12 @@ Spec parse_spec(const std::string& spec_text) {
     s.zero = true;
     ++i;
   }
-  auto read_int = [&]() {
-    int64_t v = -1;
-    while (i < u.size() && u[i] >= '0' && u[i] <= '9') {
-      v = (v < 0 ? 0 : v * 10) + (u[i++] - '0');
-      if (v > kMaxWidth) throw TemplateError("Too many decimal digits in format string");
-    }
-    return v;
-  };
-  s.width = read_int();
+  const char* too_many = "Too many decimal digits in format string";
+  s.width = read_width(u, i, too_many);
   if (i < u.size() && (u[i] == ',' || u[i] == '_')) s.grouping = static_cast<char>(u[i++]);
   if (i < u.size() && u[i] == '.') {
     ++i;
-    s.precision = read_int();
+    s.precision = read_width(u, i, too_many);
     if (s.precision < 0) throw TemplateError("Format specifier missing precision");
   }
   if (i < u.size()) s.type = static_cast<char>(u[i++]);
@@ -344,12 +348,7 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         if (w.as_int() > kMaxWidth) throw TemplateError("width too big");
         return w.as_int();
       }
-      int64_t v = -1;
-      while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') {
-        v = (v < 0 ? 0 : v * 10) + (fmt[i++] - '0');
-        if (v > kMaxWidth) throw TemplateError("width too big");
-      }
-      return v;
+      return read_width(fmt, i, "width too big");
     };
     s.width = read_num();
     if (i < fmt.size() && fmt[i] == '.') {
