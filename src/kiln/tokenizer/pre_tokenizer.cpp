@@ -52,16 +52,11 @@ void emit_splits(const Piece& piece, const std::vector<Span>& spans, Behavior be
     case Behavior::isolated:
       for (const auto& s : spans) keep.push_back({s.start, s.end, false});
       break;
-    case Behavior::contiguous:
-      for (const auto& s : spans) {
-        if (s.is_match == previous_match && !keep.empty()) keep.back().end = s.end;
-        else keep.push_back({s.start, s.end, false});
-        previous_match = s.is_match;
-      }
-      break;
+    case Behavior::contiguous:  // a run of matches or of non-matches is one piece
     case Behavior::merged_with_previous:
       for (const auto& s : spans) {
-        if (s.is_match && !previous_match && !keep.empty()) keep.back().end = s.end;
+        bool merge = behavior == Behavior::contiguous ? s.is_match == previous_match : s.is_match && !previous_match;
+        if (merge && !keep.empty()) keep.back().end = s.end;
         else keep.push_back({s.start, s.end, false});
         previous_match = s.is_match;
       }
@@ -153,22 +148,6 @@ class PredicatePre : public PreTokenizer {
  private:
   bool (*pred_)(uint32_t);
   Behavior behavior_;
-};
-
-class CharDelimiterPre : public PreTokenizer {
- public:
-  explicit CharDelimiterPre(std::string delimiter) : delimiter_(std::move(delimiter)) {}
-  void split(std::vector<Piece>& pieces) const override {
-    Pattern p;
-    p.literal = delimiter_;
-    split_each(pieces, [&](const Piece& piece, std::vector<Piece>& out) {
-      auto spans = spans_from_matches(piece.text, [&](const auto& cb) { for_each_match(p, piece.text, cb); }, false);
-      emit_splits(piece, spans, Behavior::removed, out);
-    });
-  }
-
- private:
-  std::string delimiter_;
 };
 
 class ByteLevelPre : public PreTokenizer {
@@ -297,7 +276,9 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::strin
   if (type == "CharDelimiterSplit") {
     std::string d = json_str(j, "delimiter", at, "");
     if (d.empty()) fail("tokenizer", "{}: missing \"delimiter\"", at);
-    return std::make_unique<CharDelimiterPre>(d);
+    Pattern p;
+    p.literal = d;
+    return std::make_unique<SplitPre>(std::move(p), Behavior::removed, false);
   }
   if (type == "Sequence") {
     auto it = j.find("pretokenizers");
