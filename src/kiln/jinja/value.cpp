@@ -187,16 +187,11 @@ std::string repr(const Value& v) {
     }
     case Value::Type::Object: {
       if (repr_depth > static_cast<int>(Value::kMaxNesting)) throw TemplateError("maximum recursion depth exceeded in repr");
-      ++repr_depth;
-      std::string r;
-      try {
-        r = v.obj()->repr();
-      } catch (...) {
-        --repr_depth;
-        throw;
-      }
-      --repr_depth;
-      return r;
+      struct Depth {  // counts this call until it returns or throws
+        Depth() { ++repr_depth; }
+        ~Depth() { --repr_depth; }
+      } depth;
+      return v.obj()->repr();
     }
     case Value::Type::Function: return "<function " + v.fn().name + ">";
   }
@@ -272,14 +267,6 @@ int compare(const Value& a, const Value& b, const char* op) {
   throw TemplateError(std::string("'") + op + "' not supported between instances of '" + type_name(a) + "' and '" +
                       type_name(b) + "'");
 }
-
-namespace {
-
-Value from_json_at(const nlohmann::ordered_json& j, uint32_t depth);
-
-}  // namespace
-
-Value from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
 
 namespace {
 
@@ -424,6 +411,8 @@ void dump(std::string& out, const Value& v, const JsonDumpOptions& opt, int leve
 }
 
 }  // namespace
+
+Value from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
 
 std::string json_dumps(const Value& v, const JsonDumpOptions& opt) {
   std::string out;
