@@ -119,23 +119,16 @@ void parse_post_processor(const Json& j, const std::string& where, std::vector<i
 // add_bos_token / add_eos_token in tokenizer_config.json decide, as transformers' Llama-style
 // tokenizers do, whether BOS/EOS go around the text, whatever the post-processor template says.
 void apply_add_flags(Tokenizer::Impl& m) {
-  auto flag = [&](const char* key) -> std::optional<bool> {
+  // ids: the prefix (BOS goes first) or the suffix (EOS goes last).
+  auto apply = [&](const char* key, std::optional<int32_t> id, std::vector<int32_t>& ids, bool first) {
     auto it = m.config.find(key);
-    if (it == m.config.end() || !it->is_boolean()) return std::nullopt;
-    return it->get<bool>();
+    if (it == m.config.end() || !it->is_boolean() || !id) return;
+    bool add = it->get<bool>(), has = std::find(ids.begin(), ids.end(), *id) != ids.end();
+    if (add && !has) ids.insert(first ? ids.begin() : ids.end(), *id);
+    if (!add) ids.erase(std::remove(ids.begin(), ids.end(), *id), ids.end());
   };
-  if (auto add = flag("add_bos_token"); add && m.bos_id) {
-    auto& p = m.prefix_ids;
-    bool has = std::find(p.begin(), p.end(), *m.bos_id) != p.end();
-    if (*add && !has) p.insert(p.begin(), *m.bos_id);
-    if (!*add) p.erase(std::remove(p.begin(), p.end(), *m.bos_id), p.end());
-  }
-  if (auto add = flag("add_eos_token"); add && m.eos_id) {
-    auto& s = m.suffix_ids;
-    bool has = std::find(s.begin(), s.end(), *m.eos_id) != s.end();
-    if (*add && !has) s.push_back(*m.eos_id);
-    if (!*add) s.erase(std::remove(s.begin(), s.end(), *m.eos_id), s.end());
-  }
+  apply("add_bos_token", m.bos_id, m.prefix_ids, true);
+  apply("add_eos_token", m.eos_id, m.suffix_ids, false);
 }
 
 std::string read_if_exists(const fs::path& p) {
@@ -243,13 +236,10 @@ bool mentions_byte_level(const Json& j, int depth = 0) {
   if (j.is_object()) {
     auto t = j.find("type");
     if (t != j.end() && t->is_string() && t->get<std::string>() == "ByteLevel") return true;
-    for (const auto& [k, v] : j.items()) {
-      if (mentions_byte_level(v, depth + 1)) return true;
-    }
-  } else if (j.is_array()) {
-    for (const auto& v : j) {
-      if (mentions_byte_level(v, depth + 1)) return true;
-    }
+  }
+  if (!j.is_object() && !j.is_array()) return false;
+  for (const auto& v : j) {  // an object's values, an array's items
+    if (mentions_byte_level(v, depth + 1)) return true;
   }
   return false;
 }
