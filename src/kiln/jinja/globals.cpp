@@ -15,15 +15,6 @@ const Value& arg(const std::string& test, const CallArgs& args) {
   return args.args[0];
 }
 
-bool all_cased(const std::string& s, bool upper) {
-  bool any = false;
-  for (char32_t c : pystr::decode(s)) {
-    if (upper ? pystr::is_lower(c) : pystr::is_upper(c)) return false;
-    any |= pystr::is_lower(c) || pystr::is_upper(c);
-  }
-  return any;
-}
-
 Value range_fn(const CallArgs& args) {
   ArgBinder p("range", args, {"start", "stop", "step"});
   auto as_int = [](const Value* v) {
@@ -102,7 +93,7 @@ bool apply_test(const std::string& name, const Value& v, const CallArgs& args) {
     return name == "odd" ? equals(m, Value::integer(1)) : equals(m, Value::integer(0));
   }
   if (name == "divisibleby") return equals(binary_op("%", v, arg(name, args)), Value::integer(0));
-  if (name == "lower" || name == "upper") return all_cased(to_str(v), name == "upper");
+  if (name == "lower" || name == "upper") return pystr::all_cased(to_str(v), name == "upper");
   if (name == "in") return contains(arg(name, args), v);
   if (name == "sameas") {
     const Value& other = arg(name, args);

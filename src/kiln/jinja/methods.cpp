@@ -180,15 +180,7 @@ Value str_method(const std::string& s, const std::string& name, const CallArgs& 
       if (c >= 128) return Value::boolean(false);
     return Value::boolean(true);
   }
-  if (name == "isupper" || name == "islower") {
-    bool any_cased = false;
-    for (char32_t c : pystr::decode(s)) {
-      bool up = pystr::is_upper(c), low = pystr::is_lower(c);
-      if ((name == "isupper" && low) || (name == "islower" && up)) return Value::boolean(false);
-      any_cased |= up || low;
-    }
-    return Value::boolean(any_cased);
-  }
+  if (name == "isupper" || name == "islower") return Value::boolean(pystr::all_cased(s, name == "isupper"));
   throw TemplateError("unsupported method '" + what + "'");
 }
 

@@ -146,6 +146,15 @@ std::string swapcase(std::string_view s) {
   return encode(out);
 }
 
+bool all_cased(std::string_view s, bool upper) {
+  bool any = false;
+  for (char32_t c : decode(s)) {
+    if (upper ? is_lower(c) : is_upper(c)) return false;
+    any |= is_cased(c);
+  }
+  return any;
+}
+
 std::string strip(std::string_view s, const std::string* chars, bool left, bool right) {
   std::u32string u = decode(s);
   std::u32string set = chars ? decode(*chars) : std::u32string();

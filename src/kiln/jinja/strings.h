@@ -27,6 +27,8 @@ std::string lower(std::string_view s);
 std::string title(std::string_view s);       // str.title
 std::string capitalize(std::string_view s);  // str.capitalize
 std::string swapcase(std::string_view s);
+// str.isupper (upper) or str.islower: some cased character, none of the other case.
+bool all_cased(std::string_view s, bool upper);
 
 // str.strip/lstrip/rstrip; chars null: whitespace.
 std::string strip(std::string_view s, const std::string* chars, bool left, bool right);
