@@ -54,8 +54,8 @@ Value apply_filter(const std::string& name, const Value& value, const CallArgs& 
 // `value is name(args)`.
 bool apply_test(const std::string& name, const Value& value, const CallArgs& args);
 
-// ---- globals (filters.cpp) ----
-// range, dict, namespace, cycler/joiner/lipsum (unsupported), raise_exception, strftime_now.
+// ---- globals (globals.cpp) ----
+// range, dict, cycler/joiner/lipsum (unsupported), raise_exception, strftime_now; the renderer adds namespace.
 // strftime_now formats the current local time, or KILN_FAKE_DATE ("YYYY-MM-DD[THH:MM[:SS]]").
 void add_globals(DictData& globals);
 std::string strftime_now(const std::string& format);

@@ -42,9 +42,9 @@ Value range_fn(const CallArgs& args) {
   return Value::list(std::move(out));
 }
 
-// dict(mapping or pairs, **kwargs) — also the constructor of namespace().
-DictData dict_from(const CallArgs& args, const char* what) {
-  if (args.args.size() > 1) throw TemplateError(std::string(what) + " expected at most 1 argument");
+// dict(mapping or pairs, **kwargs) — also the constructor of namespace() (the renderer's global).
+DictData dict_from(const CallArgs& args) {
+  if (args.args.size() > 1) throw TemplateError("dict expected at most 1 argument");
   DictData d;
   if (!args.args.empty()) {
     const Value& src = args.args[0];
@@ -167,12 +167,7 @@ std::string strftime_now(const std::string& format) {
 
 void add_globals(DictData& g) {
   g.set(Value::string("range"), Value::function("range", range_fn));
-  g.set(Value::string("dict"), Value::function("dict", [](const CallArgs& a) { return Value::dict(dict_from(a, "dict")); }));
-  g.set(Value::string("namespace"), Value::function("namespace", [](const CallArgs& a) {
-          auto ns = std::make_shared<Namespace>();
-          ns->attrs = dict_from(a, "namespace");
-          return Value::object(ns);
-        }));
+  g.set(Value::string("dict"), Value::function("dict", [](const CallArgs& a) { return Value::dict(dict_from(a)); }));
   for (const char* name : {"cycler", "joiner", "lipsum"}) g.set(Value::string(name), unsupported_fn(name));
   g.set(Value::string("raise_exception"), Value::function("raise_exception", [](const CallArgs& a) -> Value {
           ArgBinder p("raise_exception", a, {"message"});
