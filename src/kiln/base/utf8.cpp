@@ -50,19 +50,6 @@ bool valid(std::string_view s) {
   return true;
 }
 
-size_t complete_prefix(std::string_view s) {
-  // Look back at most 3 bytes for a lead byte whose sequence runs past the end.
-  size_t n = s.size();
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    uint8_t c = static_cast<uint8_t>(s[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation: keep looking for the lead
-    int len = sequence_length(c);
-    if (len > static_cast<int>(back)) return n - back;
-    return n;
-  }
-  return n;
-}
-
 void append(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
     out += static_cast<char>(cp);

@@ -1,5 +1,4 @@
-// UTF-8 helpers: validation, code point decoding, and the length of a complete prefix
-// (what a streaming detokenizer may print without splitting a character).
+// UTF-8 helpers: validation, code point decoding and encoding.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,9 +11,6 @@ namespace kiln::utf8 {
 int sequence_length(uint8_t c);
 // True when s is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
 bool valid(std::string_view s);
-// Length of the longest prefix of s that does not end inside an incomplete sequence.
-// Invalid bytes count as complete (they are emitted rather than held forever).
-size_t complete_prefix(std::string_view s);
 // Appends code point cp as UTF-8.
 void append(std::string& out, uint32_t cp);
 // Decodes the code point at s[i], advancing i; invalid bytes decode as U+FFFD, one byte each.
