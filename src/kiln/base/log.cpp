@@ -1,7 +1,6 @@
 // Logging level from KILN_LOG (default warn), one line per message on stderr.
 #include "kiln/base/log.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -16,10 +15,9 @@ static Level initial_level() {
   return Level::warn;
 }
 
-static std::atomic<int> g_level{static_cast<int>(initial_level())};
+static const Level g_level = initial_level();
 
-Level level() { return static_cast<Level>(g_level.load(std::memory_order_relaxed)); }
-void set_level(Level l) { g_level.store(static_cast<int>(l)); }
+Level level() { return g_level; }
 
 void write(Level l, const std::string& msg) {
   static const char* names[] = {"debug", "info", "warn", "error"};

@@ -8,7 +8,6 @@ namespace kiln::log {
 
 enum class Level { debug = 0, info = 1, warn = 2, error = 3 };
 Level level();
-void set_level(Level l);
 void write(Level l, const std::string& msg);
 
 template <typename... Args>
