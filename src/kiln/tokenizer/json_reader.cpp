@@ -64,7 +64,6 @@ class Reader : public nlohmann::json_sax<Json> {
       return true;
     }
     if (is_model_key("merges")) {
-      out_.has_merges = true;
       stack_.push_back({Kind::merges, nullptr, {}, false});
       return true;
     }

@@ -15,7 +15,6 @@ struct TokenizerJsonParts {
   Json doc;                 // the file, less model.vocab (when an object) and model.merges (when a list)
   bool has_vocab = false;
   TokenMap vocab;
-  bool has_merges = false;
   // Merges in file order: [a, b] pairs (is_pair), or "a b" strings kept whole in `a` (split later,
   // since tokens may hold spaces and the split needs the vocabulary).
   struct Merge {
