@@ -70,9 +70,7 @@ ModelConfig ModelConfig::from_json(const std::string& config_json, const std::st
   c.max_position_embeddings = json_get<int>(j, "max_position_embeddings", where).value_or(4096);
   c.rms_norm_eps = json_get<double>(j, "rms_norm_eps", where).value_or(1e-6);
   c.tie_word_embeddings = json_get<bool>(j, "tie_word_embeddings", where).value_or(false);
-  bool attn_bias = json_get<bool>(j, "attention_bias", where).value_or(false);
-  c.attention_bias = attn_bias;
-  c.attention_out_bias = attn_bias;
+  c.attention_bias = json_get<bool>(j, "attention_bias", where).value_or(false);
   c.mlp_bias = json_get<bool>(j, "mlp_bias", where).value_or(false);
   if (auto a = json_get<std::string>(j, "hidden_activation", where)) c.hidden_act = *a;
   else if (auto b = json_get<std::string>(j, "hidden_act", where)) c.hidden_act = *b;

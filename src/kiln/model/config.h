@@ -45,8 +45,7 @@ struct ModelConfig {
   int max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v biases (qwen2 always; llama's attention_bias)
-  bool attention_out_bias = false;  // o_proj bias (llama attention_bias)
+  bool attention_bias = false;  // q/k/v and o_proj biases (llama's attention_bias; qwen2 has q/k/v biases always)
   bool mlp_bias = false;
   std::string hidden_act = "silu";
   RopeConfig rope;                                  // the default (or only) RoPE
