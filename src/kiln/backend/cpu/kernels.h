@@ -4,6 +4,7 @@
 // table once at creation (__builtin_cpu_supports, KILN_SIMD).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "kiln/tensor/tensor.h"
 
@@ -87,5 +88,15 @@ SimdLevel best_simd_level();
 const Kernels& kernels_for(SimdLevel l);
 // Reads KILN_SIMD (scalar|avx2|avx512|avx512vnni; unset = best); throws [cpu] for an unknown or unsupported value.
 SimdLevel simd_level_from_env();
+
+// For the kernels: f(std::integral_constant<int, N>{}) with N = n for n in [1, MAX), else N = MAX, so that
+// a kernel templated on a small count (query heads, tokens, rows of a tile) is picked without a switch.
+template <int MAX, int N = 1, class F>
+inline void with_count(int64_t n, F&& f) {
+  if constexpr (N < MAX) {
+    if (n != N) return with_count<MAX, N + 1>(n, f);
+  }
+  f(std::integral_constant<int, N>{});
+}
 
 }  // namespace kiln::backend::cpu

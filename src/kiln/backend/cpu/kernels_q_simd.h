@@ -115,12 +115,8 @@ void qgemv_pass(const float* x, int64_t n_x, int64_t x_stride, const float* xsum
       const float* xt = x + t0 * x_stride;
       const float* st = xsum + t0 * n_groups;
       float* yt = y + t0 * y_stride;
-      switch (n_x - t0 < 4 ? n_x - t0 : 4) {
-        case 1: qgemv_rows<S, BITS, 1, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
-        case 2: qgemv_rows<S, BITS, 2, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
-        case 3: qgemv_rows<S, BITS, 3, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
-        default: qgemv_rows<S, BITS, 4, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); break;
-      }
+      with_count<4>(n_x - t0,
+                    [&](auto nt) { qgemv_rows<S, BITS, nt, SPLIT>(xt, x_stride, st, w, rb, re, yt, y_stride); });
     }
   }
 }

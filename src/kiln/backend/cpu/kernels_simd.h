@@ -123,16 +123,7 @@ void dot_multi_simd(const float* q, int64_t n_q, int64_t q_stride, const float* 
   for (int64_t g0 = 0; g0 < n_q; g0 += 8) {
     const float* qg = q + g0 * q_stride;
     float* o = out + g0;
-    switch (min64(8, n_q - g0)) {
-      case 1: dot_multi_t<S, 1>(qg, q_stride, k, n, o); break;
-      case 2: dot_multi_t<S, 2>(qg, q_stride, k, n, o); break;
-      case 3: dot_multi_t<S, 3>(qg, q_stride, k, n, o); break;
-      case 4: dot_multi_t<S, 4>(qg, q_stride, k, n, o); break;
-      case 5: dot_multi_t<S, 5>(qg, q_stride, k, n, o); break;
-      case 6: dot_multi_t<S, 6>(qg, q_stride, k, n, o); break;
-      case 7: dot_multi_t<S, 7>(qg, q_stride, k, n, o); break;
-      default: dot_multi_t<S, 8>(qg, q_stride, k, n, o); break;
-    }
+    with_count<8>(n_q - g0, [&](auto nq) { dot_multi_t<S, nq>(qg, q_stride, k, n, o); });
   }
 }
 
@@ -205,12 +196,7 @@ void gemv_t(const float* x, int64_t n_x, int64_t x_stride, const void* w, int64_
         for (int64_t t0 = 0; t0 < n_x; t0 += 4) {
           const float* xt = x + t0 * x_stride + k0;
           float* yt = y + t0 * y_stride + r;
-          switch (min64(4, n_x - t0)) {
-            case 1: gemv_row<S, WT, 1>(xt, x_stride, row, kn, yt, y_stride); break;
-            case 2: gemv_row<S, WT, 2>(xt, x_stride, row, kn, yt, y_stride); break;
-            case 3: gemv_row<S, WT, 3>(xt, x_stride, row, kn, yt, y_stride); break;
-            default: gemv_row<S, WT, 4>(xt, x_stride, row, kn, yt, y_stride); break;
-          }
+          with_count<4>(n_x - t0, [&](auto nt) { gemv_row<S, WT, nt>(xt, x_stride, row, kn, yt, y_stride); });
         }
       }
     }
@@ -306,24 +292,11 @@ void gemm_micro_t(const float* x, int64_t x_stride, const float* panel, int64_t 
   }
 }
 
-template <class S, int M>
-inline bool gemm_micro_dispatch(int64_t m_count, const float* x, int64_t x_stride, const float* panel, int64_t kc,
-                                float* y, int64_t y_stride, int64_t n_count, bool accumulate) {
-  if constexpr (M == 0) {
-    return false;
-  } else {
-    if (m_count == M) {
-      gemm_micro_t<S, M>(x, x_stride, panel, kc, y, y_stride, n_count, accumulate);
-      return true;
-    }
-    return gemm_micro_dispatch<S, M - 1>(m_count, x, x_stride, panel, kc, y, y_stride, n_count, accumulate);
-  }
-}
-
 template <class S>
 void gemm_micro_simd(const float* x, int64_t x_stride, int64_t m_count, const float* panel, int64_t kc, float* y,
                      int64_t y_stride, int64_t n_count, bool accumulate) {
-  gemm_micro_dispatch<S, S::MR>(m_count, x, x_stride, panel, kc, y, y_stride, n_count, accumulate);
+  with_count<S::MR>(m_count,
+                    [&](auto m) { gemm_micro_t<S, m>(x, x_stride, panel, kc, y, y_stride, n_count, accumulate); });
 }
 
 template <class S>

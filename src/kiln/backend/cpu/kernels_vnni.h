@@ -216,12 +216,7 @@ void qgemv_bits(const float* x, int64_t n_x, int64_t x_stride, const float* xsum
     const float* dt = d.data() + t0 * n_groups;
     const float* st = xsum + t0 * n_groups;
     float* yt = y + t0 * y_stride;
-    switch (n_x - t0 < 4 ? n_x - t0 : 4) {
-      case 1: qgemv_rows<BITS, 1>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); break;
-      case 2: qgemv_rows<BITS, 2>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); break;
-      case 3: qgemv_rows<BITS, 3>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); break;
-      default: qgemv_rows<BITS, 4>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); break;
-    }
+    with_count<4>(n_x - t0, [&](auto nt) { qgemv_rows<BITS, nt>(q, qx_stride, dt, st, w, r0, r1, yt, y_stride, sb); });
   }
 }
 
