@@ -26,19 +26,23 @@ static BlockManager make_blocks(model::Model& m, const EngineConfig& cfg) {
   const model::ModelConfig& c = m.config();
   backend::Backend& be = m.backend();
   KvPoolRequest r;
-  r.bytes_per_block = kv_bytes_per_block(m, cfg.block_size);
+  // A draft source's KV grows with the same sequences: one pool of blocks, each holding both.
+  DraftSource* draft = cfg.spec.draft;
+  r.bytes_per_block = kv_bytes_per_block(m, cfg.block_size) + (draft ? draft->kv_bytes(cfg.block_size) : 0);
   const int per_seq = (c.max_position_embeddings + cfg.block_size - 1) / cfg.block_size;
   r.wanted_blocks = cfg.n_blocks > 0 ? cfg.n_blocks : per_seq * std::max(1, cfg.scheduler.max_seqs);
   r.kv_cache_bytes = cfg.kv_cache_bytes;
   r.prompt_cache_bytes = cfg.prompt_cache_bytes;
   r.gpu_memory_utilization = cfg.gpu_memory_utilization;
   if (be.device_memory(&r.device_free, &r.device_total))
-    r.activation_reserve = activation_reserve_bytes(c, cfg.scheduler.max_batch_tokens, dtype_size(be.act_dtype()));
+    r.activation_reserve = activation_reserve_bytes(c, cfg.scheduler.max_batch_tokens, dtype_size(be.act_dtype())) +
+                           (draft ? draft->activation_bytes(cfg.scheduler.max_batch_tokens) : 0);
   const KvPoolPlan plan = plan_kv_pool(r);
   if (plan.capped)
     log::info("KV cache: {} blocks ({:.2f} GB), capped by --gpu-memory-utilization {} (the workload could use {})",
               plan.active_blocks, static_cast<double>(plan.active_blocks) * r.bytes_per_block / 1e9,
               cfg.gpu_memory_utilization, r.wanted_blocks);
+  if (draft) draft->reserve(plan.active_blocks, cfg.block_size);
   return BlockManager(plan.active_blocks + plan.cached_blocks, cfg.block_size,
                       PrefixCacheConfig{plan.cached_blocks, cfg.model_key ? cfg.model_key : model_identity(c)});
 }
@@ -50,7 +54,11 @@ Engine::Engine(model::Model& model, EngineConfig cfg)
       cache_(model::KvCache::allocate(model.backend(), model.config(), blocks_.n_blocks(), cfg.block_size)),
       runner_(model, cache_, RunnerConfig{cfg.pad_decode, cfg.device_sampling}),
       scheduler_(cfg.scheduler, blocks_),
-      context_length_(model.config().max_position_embeddings) {}
+      context_length_(model.config().max_position_embeddings),
+      policy_(cfg.spec.draft ? cfg.spec.num_draft_tokens : 0) {
+  if (cfg_.spec.num_draft_tokens < 0 || cfg_.spec.num_draft_tokens > 16)
+    fail("engine", "num_draft_tokens is {}; it must be 0..16", cfg_.spec.num_draft_tokens);
+}
 
 Engine::~Engine() = default;
 
@@ -80,6 +88,7 @@ void Engine::finish(Sequence* s, FinishReason r) {
   auto cb = std::move(s->on_event);
   int64_t id = s->id;
   seqs_.erase(id);
+  if (cfg_.spec.draft) cfg_.spec.draft->forget(id);
   if (cb && r == FinishReason::cancelled) cb(make_event(id, -1, true, r));
 }
 
@@ -110,6 +119,116 @@ void Engine::rollback(int64_t id, int k) {
   runner_.rollback(*it->second, k, blocks_);
 }
 
+// Drafts for every decoding sequence that may take some: its next token is due, no prompt
+// logprobs are pending, and at least two tokens are left to generate (a burst never passes
+// max_tokens or the context).
+int Engine::propose_drafts(std::span<const ScheduledChunk> sched, std::vector<SeqChunk>& chunks,
+                           std::vector<SampleSpec>& specs, std::vector<Draft>& drafts) {
+  DraftSource* src = cfg_.spec.draft;
+  if (!src || cfg_.spec.num_draft_tokens <= 0) return 0;
+  auto decoding = [&](size_t i) {
+    const Sequence& s = *sched[i].seq;
+    return chunks[i].sample && chunks[i].n_tokens == 1 && s.num_draft_tokens != 0 && !wants_prompt_logprobs(s);
+  };
+  int n_decoding = 0;
+  for (size_t i = 0; i < sched.size(); ++i) n_decoding += decoding(i);
+  if (n_decoding == 0) return 0;
+  const int n_step = cfg_.spec.adaptive ? policy_.choose(n_decoding) : cfg_.spec.num_draft_tokens;
+  std::vector<DraftAsk> asks;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < sched.size() && n_step > 0; ++i) {
+    if (!decoding(i)) continue;
+    const Sequence& s = *sched[i].seq;
+    const int L = static_cast<int>(s.tokens.size());
+    int n = s.num_draft_tokens > 0 ? std::min(n_step, s.num_draft_tokens) : n_step;
+    n = std::min({n, s.max_tokens - s.n_generated() - 1, context_length_ - L});
+    if (n <= 0) continue;
+    asks.push_back({&s, n, &drafts[i]});
+    where.push_back(i);
+  }
+  if (asks.empty()) return n_step;
+  src->propose(asks);
+  for (size_t i : where) {
+    Sequence* s = sched[i].seq;
+    Draft& d = drafts[i];
+    const int L = static_cast<int>(s->tokens.size());
+    const int n = static_cast<int>(d.tokens.size());
+    if (n == 0) continue;
+    if (!blocks_.ensure(s->blocks, L + n)) {  // no room for the drafts' K/V: decode plainly
+      d = {};
+      continue;
+    }
+    s->tokens.insert(s->tokens.end(), d.tokens.begin(), d.tokens.end());
+    SeqChunk& c = chunks[i];
+    c.tokens = s->tokens;
+    c.blocks = s->blocks;
+    c.n_tokens = c.n_logits = 1 + n;
+    c.verify = true;
+    specs[i].context = std::span<const int32_t>(s->tokens).first(L);
+    specs[i].generated = specs[i].context.subspan(s->n_prompt);
+  }
+  return n_step;
+}
+
+bool Engine::emit(Sequence* s, TokenEvent ev, int32_t tok) {
+  s->tokens.push_back(tok);
+  ++stats_.generated_tokens;
+  FinishReason r = FinishReason::none;
+  if (std::find(s->stop_ids.begin(), s->stop_ids.end(), tok) != s->stop_ids.end()) r = FinishReason::stop;
+  else if (s->n_generated() >= s->max_tokens) r = FinishReason::length;
+  ev.token = tok;
+  ev.finished = r != FinishReason::none;
+  ev.reason = r;
+  ev.draft_n = s->draft_n;
+  ev.draft_n_accepted = s->draft_n_accepted;
+  if (s->on_event) s->on_event(ev);
+  if (r != FinishReason::none) finish(s, r);
+  return r != FinishReason::none;
+}
+
+// The chunk ran [pending, d_1..d_n] at positions L-1..L+n-1 (L: the tokens before the drafts);
+// row j holds the target's logits for position L+j. Each row is processed as plain decoding would
+// (penalties over the tokens before it, the accepted drafts included), then the rule decides.
+int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
+  const int n = static_cast<int>(d.tokens.size());
+  const int L = static_cast<int>(s->tokens.size()) - n;
+  std::span<const int32_t> all(s->tokens);
+  Verdict v;
+  if (!out.row_ids.empty()) {
+    v = accept_greedy(std::span<const int32_t>(out.row_ids).subspan(row, n + 1), d.tokens);
+  } else {
+    std::vector<std::vector<float>> p(n + 1);
+    std::vector<int32_t> ids(n + 1);
+    for (int j = 0; j <= n; ++j) {
+      const std::span<const int32_t> ctx = all.first(L + j);
+      s->sampler.distribution(out.row(row + j), ctx, ctx.subspan(s->n_prompt), p[j]);
+      ids[j] = argmax(p[j]);
+    }
+    v = s->sampler.params().temperature > 0.0f ? accept_sampled(cfg_.spec.accept, p, d, s->sampler)
+                                              : accept_greedy(ids, d.tokens);
+  }
+  s->draft_n += n;
+  s->draft_n_accepted += v.n_accepted;
+  stats_.draft_tokens += n;
+  stats_.accepted_tokens += v.n_accepted;
+  ++stats_.verifies;
+  // K/V stand for the pending token and the accepted drafts; the blocks that holds only them may
+  // enter the prefix cache (rejected positions lie past n_computed and are rewritten later).
+  s->n_computed = L + v.n_accepted;
+  blocks_.commit(s->tokens, s->n_computed, s->blocks, s->block_hashes, s->n_committed_blocks);
+  s->tokens.resize(L);
+  cfg_.spec.draft->commit(*s, n, v.n_accepted);
+  int emitted = 0;
+  for (int j = 0; j < static_cast<int>(v.tokens.size()); ++j) {
+    TokenEvent ev = make_event(s->id, -1, false, FinishReason::none);
+    ev.n_cached = std::max(0, s->n_cached);
+    if (s->logprobs >= 0) ev.logprob = log_softmax_at(out.row(row + j), v.tokens[j], s->logprobs, &ev.top);
+    ++emitted;
+    if (emit(s, std::move(ev), v.tokens[j])) break;
+  }
+  return emitted;
+}
+
 int Engine::step() {
   auto sched = scheduler_.schedule();
   if (sched.empty()) return 0;
@@ -120,7 +239,6 @@ int Engine::step() {
   std::vector<SeqChunk> chunks(sched.size());
   std::vector<SampleSpec> specs(sched.size());
   bool any_prefill = false;
-  int n_tokens = 0;
   for (size_t i = 0; i < sched.size(); ++i) {
     Sequence* s = sched[i].seq;
     SeqChunk& c = chunks[i];
@@ -135,14 +253,23 @@ int Engine::step() {
       c.sample = &specs[i];
     }
     any_prefill |= c.n_tokens > 1 || s->n_computed < s->n_prompt;
-    n_tokens += c.n_tokens;
   }
+  std::vector<Draft> drafts(sched.size());
+  const int n_draft = propose_drafts(sched, chunks, specs, drafts);
+  int n_tokens = 0;
+  for (const SeqChunk& c : chunks) n_tokens += c.n_tokens;
   StepOutput out = runner_.run(chunks);
 
+  int emitted = 0;
+  std::vector<const Sequence*> prefilled;  // prompts done this step: the draft source prefills them
   for (size_t ci = 0; ci < sched.size(); ++ci) {
     const ScheduledChunk& c = sched[ci];
     Sequence* s = c.seq;
     const int row = out.first_row[ci];
+    if (!drafts[ci].tokens.empty()) {
+      emitted += verify(s, drafts[ci], out, row);
+      continue;
+    }
     if (wants_prompt_logprobs(*s)) {
       for (int j = 0; j < c.n_tokens; ++j) {
         int pos = s->n_computed + j;
@@ -154,7 +281,8 @@ int Engine::step() {
         e.insert(e.end(), top.begin(), top.end());
       }
     }
-    if (s->n_computed < s->n_prompt) stats_.prompt_tokens += std::min(c.n_tokens, s->n_prompt - s->n_computed);
+    const bool prompt_chunk = s->n_computed < s->n_prompt;
+    if (prompt_chunk) stats_.prompt_tokens += std::min(c.n_tokens, s->n_prompt - s->n_computed);
     s->n_computed += c.n_tokens;
     blocks_.commit(s->tokens, s->n_computed, s->blocks, s->block_hashes, s->n_committed_blocks);
     if (!c.wants_logits) continue;
@@ -174,19 +302,14 @@ int Engine::step() {
     const int32_t tok = out.tokens[ci];
     // The processed logits of the sampled row (after bias and penalties), as OpenAI reports them.
     if (s->logprobs >= 0) ev.logprob = log_softmax_at(out.row(row + chunks[ci].n_logits - 1), tok, s->logprobs, &ev.top);
-    s->tokens.push_back(tok);
-    ++stats_.generated_tokens;
-    FinishReason r = FinishReason::none;
-    if (std::find(s->stop_ids.begin(), s->stop_ids.end(), tok) != s->stop_ids.end()) r = FinishReason::stop;
-    else if (s->n_generated() >= s->max_tokens) r = FinishReason::length;
-    ev.token = tok;
-    ev.finished = r != FinishReason::none;
-    ev.reason = r;
-    if (s->on_event) s->on_event(ev);
-    if (r != FinishReason::none) finish(s, r);
+    ++emitted;
+    const bool done = emit(s, std::move(ev), tok);
+    if (!done && prompt_chunk && cfg_.spec.draft && s->num_draft_tokens != 0) prefilled.push_back(s);
   }
+  if (!prefilled.empty()) cfg_.spec.draft->prefill(prefilled);
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   (any_prefill ? stats_.prefill_seconds : stats_.decode_seconds) += dt;
+  if (!any_prefill && cfg_.spec.draft && cfg_.spec.adaptive) policy_.record(static_cast<int>(sched.size()), n_draft, emitted, dt);
   ++stats_.steps;
   return n_tokens;
 }

@@ -4,13 +4,24 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <span>
 
 #include "kiln/engine/block_manager.h"
 #include "kiln/engine/model_runner.h"
 #include "kiln/engine/scheduler.h"
+#include "kiln/engine/speculative.h"
 #include "kiln/model/model.h"
 
 namespace kiln::engine {
+
+// Speculative decoding (speculative.h): a draft source proposes tokens for decoding sequences and
+// each step verifies them in the same batch.
+struct SpecConfig {
+  DraftSource* draft = nullptr;  // null: off. Not owned; outlives the engine.
+  int num_draft_tokens = 3;      // at most this many per sequence and step (Request::num_draft_tokens lowers it)
+  SpecAccept accept = SpecAccept::residual;
+  bool adaptive = true;          // SpecPolicy picks 0..num_draft_tokens per step; false: always the most
+};
 
 struct EngineConfig {
   SchedulerConfig scheduler;
@@ -29,11 +40,15 @@ struct EngineConfig {
   // Decode-only batches padded to graph buckets (RunnerConfig). Default: where the backend has graphs.
   using PadDecode = RunnerConfig::PadDecode;
   PadDecode pad_decode = PadDecode::automatic;
+  SpecConfig spec;
 };
 
 struct EngineStats {
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
   double prefill_seconds = 0, decode_seconds = 0;  // steps that ran any prefill / only decodes
+  // Speculative decoding: tokens proposed and accepted, and verifies (one per sequence and step
+  // with a draft; each emits its accepted tokens plus one).
+  int64_t draft_tokens = 0, accepted_tokens = 0, verifies = 0;
 };
 
 class Engine {
@@ -61,6 +76,14 @@ class Engine {
 
  private:
   void finish(Sequence* s, FinishReason r);
+  // Appends drafts to the decoding chunks' sequences and widens those chunks into verifies; returns
+  // the draft length the policy chose for the step.
+  int propose_drafts(std::span<const ScheduledChunk> sched, std::vector<SeqChunk>& chunks, std::vector<SampleSpec>& specs,
+                     std::vector<Draft>& drafts);
+  // The accepted drafts and one more token from a verify's rows; returns the tokens emitted.
+  int verify(Sequence* s, const Draft& d, StepOutput& out, int row);
+  // Appends tok to s and reports it; true when s finished (and is gone).
+  bool emit(Sequence* s, TokenEvent ev, int32_t tok);
 
   model::Model& model_;
   EngineConfig cfg_;
@@ -72,6 +95,7 @@ class Engine {
   int64_t next_id_ = 1;
   int context_length_;
   EngineStats stats_;
+  SpecPolicy policy_;
 };
 
 }  // namespace kiln::engine

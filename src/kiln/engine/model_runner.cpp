@@ -27,16 +27,18 @@ bool plain_greedy(const SamplingParams& p) {
 
 Pick choose_pick(std::span<const SeqChunk> chunks, const backend::Caps& caps, const RunnerConfig& cfg) {
   if (!caps.device_sampling) return Pick::host;
-  bool greedy = true;
+  bool greedy = true, verify = false;
   for (const SeqChunk& c : chunks) {
-    const int sampled_rows = c.sample ? 1 : 0;
+    const int sampled_rows = !c.sample ? 0 : c.verify ? c.n_logits : 1;
     if (c.n_logits > sampled_rows) return Pick::host;  // rows read on the host (prompt logprobs)
     if (!c.sample) continue;
     if (c.sample->keep_logits || !c.sample->processors.empty()) return Pick::host;
     greedy &= plain_greedy(c.sample->sampler->params());
+    verify |= c.verify;
   }
   if (greedy) return Pick::device_argmax;
-  return cfg.device_sampling ? Pick::device_sample : Pick::host;
+  // A sampled verify needs the target's distributions (the acceptance rule) on the host.
+  return cfg.device_sampling && !verify ? Pick::device_sample : Pick::host;
 }
 
 // The device sampler's inputs for one chunk's row: its parameters, the next draw of its own
@@ -128,6 +130,7 @@ StepOutput ModelRunner::run(std::span<const SeqChunk> chunks) {
     for (int j = c.n_logits; j > 0; --j) b.logit_rows.push_back(b.n_tokens() - j);
   }
 
+  const size_t n_rows = b.logit_rows.size();  // (before any padding)
   const Pick pick = choose_pick(chunks, caps, cfg_);
   std::vector<backend::SampleParams> params;  // device sampling: one per logit row
   std::vector<backend::LogitAdjust> adjust;
@@ -163,6 +166,7 @@ StepOutput ModelRunner::run(std::span<const SeqChunk> chunks) {
 
   out.tokens.assign(chunks.size(), -1);
   if (pick != Pick::host) {
+    out.row_ids.assign(host.ptr<int32_t>(), host.ptr<int32_t>() + n_rows);
     for (size_t i = 0; i < chunks.size(); ++i)
       if (chunks[i].sample) out.tokens[i] = host.ptr<int32_t>()[out.first_row[i]];
     return out;
@@ -170,7 +174,7 @@ StepOutput ModelRunner::run(std::span<const SeqChunk> chunks) {
   out.logits = host;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const SampleSpec* s = chunks[i].sample;
-    if (!s) continue;
+    if (!s || chunks[i].verify) continue;
     std::span<float> l = out.row(out.first_row[i] + chunks[i].n_logits - 1);
     for (LogitsProcessor* p : s->processors) p->process(l, s->context);
     out.tokens[i] = s->sampler->sample(l, s->context, s->generated);  // leaves the processed logits in l

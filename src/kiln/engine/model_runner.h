@@ -43,6 +43,9 @@ struct SeqChunk {
   std::span<const int32_t> blocks;     // its KV block table, covering start + n_tokens positions
   int n_logits = 0;                    // logits of the chunk's last n_logits positions (0..n_tokens)
   const SampleSpec* sample = nullptr;  // draw a token from the last of them (needs n_logits >= 1)
+  // Speculative verify: every logits row is a position the engine chooses a token for itself (from
+  // the rows, or StepOutput::row_ids where the device took the argmax); the runner samples none.
+  bool verify = false;
 };
 
 struct StepOutput {
@@ -51,6 +54,7 @@ struct StepOutput {
   Tensor logits;
   std::vector<int> first_row;   // [n_chunks] the chunk's first row in logits
   std::vector<int32_t> tokens;  // [n_chunks] the sampled token, -1 where the chunk samples none
+  std::vector<int32_t> row_ids; // [rows] the device's pick of every row, when the device picked them
   std::span<float> row(int r) const {
     const int64_t v = logits.dim(1);
     return {logits.ptr<float>() + r * v, static_cast<size_t>(v)};

@@ -58,6 +58,36 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> contex
   return backend::sample_row(logits, device_sample_params(params_, 0.0), [this] { return next_uniform(); }, scratch_);
 }
 
+void Sampler::distribution(std::span<float> logits, std::span<const int32_t> context, std::span<const int32_t> generated,
+                           std::vector<float>& probs) {
+  apply_penalties(params_, logits, context, generated);
+  probs.assign(logits.size(), 0.0f);
+  if (params_.temperature <= 0.0f) {
+    probs[argmax(logits)] = 1.0f;
+    return;
+  }
+  backend::kept_candidates(logits, device_sample_params(params_, 0.0), scratch_, prob_scratch_);
+  double mass = 0;
+  for (double q : prob_scratch_) mass += q;
+  if (scratch_.empty() || !(mass > 0)) {  // no finite logit: what sample_row falls back to
+    probs[argmax(logits)] = 1.0f;
+    return;
+  }
+  for (size_t i = 0; i < scratch_.size(); ++i) probs[scratch_[i].second] = static_cast<float>(prob_scratch_[i] / mass);
+}
+
+int32_t Sampler::draw(std::span<const float> probs) {
+  double r = next_uniform(), acc = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.0f) continue;
+    acc += probs[i];
+    last = static_cast<int32_t>(i);
+    if (r < acc) return last;
+  }
+  return last >= 0 ? last : 0;  // rounding left r past the sum: the last token with mass
+}
+
 backend::SampleParams device_sample_params(const SamplingParams& p, double uniform) {
   return {.temperature = p.temperature, .top_p = p.top_p, .min_p = p.min_p, .top_k = p.top_k,
           .repetition_penalty = p.repetition_penalty, .presence_penalty = p.presence_penalty,

@@ -40,11 +40,18 @@ class Sampler {
   // advances the generator exactly as a host sample() at temperature > 0 does, so the stream of a
   // seed is the same whichever side samples.
   double next_uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+  // The distribution sample() draws from: penalties applied to logits in place, then probs [vocab]
+  // normalized over the kept candidates (zero elsewhere); greedy: one-hot at the argmax.
+  void distribution(std::span<float> logits, std::span<const int32_t> context, std::span<const int32_t> generated,
+                    std::vector<float>& probs);
+  // A token drawn from probs [vocab] (summing to 1) with one draw of the generator.
+  int32_t draw(std::span<const float> probs);
 
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<double> prob_scratch_;
 };
 
 // A token's log-probability. Sampled tokens are scored under the processed logits (after logit

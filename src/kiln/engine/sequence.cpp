@@ -24,7 +24,8 @@ Sequence::Sequence(int64_t id_, Request r)
       on_event(std::move(r.on_event)),
       logprobs(r.logprobs),
       prompt_logprobs(r.prompt_logprobs),
-      reuse_prefix(r.reuse_prefix && r.prompt_logprobs < 0) {
+      reuse_prefix(r.reuse_prefix && r.prompt_logprobs < 0),
+      num_draft_tokens(r.num_draft_tokens) {
   if (prompt_logprobs >= 0) prompt_lp.resize(n_prompt);
 }
 

@@ -28,6 +28,7 @@ struct TokenEvent {
   // the top alternatives.
   std::vector<std::vector<TokenLogprob>> prompt_logprobs;
   int n_cached = 0;            // prompt tokens whose K/V came from the prefix cache
+  int draft_n = 0, draft_n_accepted = 0;  // speculative decoding so far: tokens drafted, accepted
 };
 inline TokenEvent make_event(int64_t id, int32_t token, bool finished, FinishReason r, std::string error = {}) {
   TokenEvent e;
@@ -47,6 +48,7 @@ struct Request {
   int logprobs = -1;         // >= 0: report each sampled token's logprob and this many alternatives
   int prompt_logprobs = -1;  // >= 0: report every prompt token's logprob (needs all prompt logits)
   bool reuse_prefix = true;  // may start from cached prefix blocks
+  int num_draft_tokens = -1; // speculative decoding: at most this many drafts per step (0: off; -1: the engine's)
   std::function<void(const TokenEvent&)> on_event;
 };
 
@@ -68,6 +70,8 @@ struct Sequence {
   std::vector<uint64_t> block_hashes; // the prefix cache's hash chain memo (BlockManager)
   int n_committed_blocks = 0;         // full blocks registered in the prefix cache
   std::vector<std::vector<TokenLogprob>> prompt_lp;  // [n_prompt] when prompt_logprobs >= 0
+  int num_draft_tokens = -1;
+  int draft_n = 0, draft_n_accepted = 0;
 
   Sequence(int64_t id_, Request r);
   int n_generated() const { return static_cast<int>(tokens.size()) - n_prompt; }
