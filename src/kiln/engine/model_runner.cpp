@@ -62,27 +62,39 @@ void add_device_row(const SampleSpec& s, int row, std::vector<backend::SamplePar
   for (auto& [id, a] : touched) adjust.push_back(a);
 }
 
-// A decode-only batch (one token and one logit row per sequence) padded to the next bucket: 1, 2,
-// 4, then multiples of 8, so a batch that shrinks or grows by one sequence at a time reuses a few
-// graphs. A pad row is its own empty sequence: token 0 at position 0, KV slot -1 (not written),
-// block table row 0 (it reads a valid block), greedy; its output row is ignored.
-void pad_decode_batch(model::Batch& b, std::vector<backend::SampleParams>& params) {
-  const int n = b.n_tokens();
-  if (n == 0 || n != b.n_seqs || static_cast<int>(b.logit_rows.size()) != n) return;
+// Tokens per sequence when every chunk runs q tokens and wants all q logit rows (a decode step: q
+// = 1; a speculative verify where every sequence drafted q - 1), else 0. Such steps are graphed.
+constexpr int kMaxGraphedQ = 17;  // verifies of up to 16 drafts
+int uniform_q(std::span<const SeqChunk> chunks) {
+  const int q = chunks.empty() ? 0 : chunks[0].n_tokens;
+  for (const SeqChunk& c : chunks)
+    if (c.n_tokens != q || c.n_logits != q) return 0;
+  return q <= kMaxGraphedQ ? q : 0;
+}
+
+// A uniform batch of q tokens per sequence (all with logits) padded to the next bucket of
+// sequences: 1, 2, 4, then multiples of 8, so a batch that shrinks or grows by one sequence at a
+// time reuses a few graphs. A pad sequence is inert: tokens 0 at positions 0..q-1, KV slots -1 (not
+// written), block table row 0 (it reads a valid block), greedy; its output rows are ignored.
+void pad_uniform_batch(model::Batch& b, int q, std::vector<backend::SampleParams>& params) {
+  const int n = b.n_seqs;
+  if (n == 0 || q == 0) return;
   const int bucket = n <= 4 ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(n))) : (n + 7) / 8 * 8;
   for (int i = n; i < bucket; ++i) {
-    b.tokens.push_back(0);
-    b.positions.push_back(0);
-    b.token_seq.push_back(i);
-    b.slots.push_back(-1);
-    b.logit_rows.push_back(i);
+    for (int j = 0; j < q; ++j) {
+      b.tokens.push_back(0);
+      b.positions.push_back(j);
+      b.token_seq.push_back(i);
+      b.slots.push_back(-1);
+      b.logit_rows.push_back(b.n_tokens() - 1);
+    }
     if (!params.empty()) params.push_back({});
   }
   b.n_seqs = bucket;
   b.block_tables.resize(static_cast<size_t>(bucket) * b.max_blocks, 0);
 }
 
-// The graph key of a decode step: its shapes and the KV cache's buffers (a graph records their
+// The graph key of a uniform step: its shapes and the KV cache's buffers (a graph records their
 // addresses; a new cache, another engine's, must not replay old graphs). Inputs uploaded before
 // the graph opens may change freely.
 uint64_t graph_key(const model::StepInputs& in, const model::KvCache& cache, bool argmax) {
@@ -91,6 +103,7 @@ uint64_t graph_key(const model::StepInputs& in, const model::KvCache& cache, boo
     key = key * 1000003u + reinterpret_cast<uintptr_t>(cache.k[l].data) + 7 * reinterpret_cast<uintptr_t>(cache.v[l].data);
   key = key * 1000003u + static_cast<uint64_t>(in.n_tokens);
   key = key * 1000003u + static_cast<uint64_t>(in.n_out);
+  key = key * 1000003u + static_cast<uint64_t>(in.n_seqs);
   key = key * 1000003u + static_cast<uint64_t>(in.max_blocks);
   return key * 2u + (argmax ? 1u : 0u);
 }
@@ -132,20 +145,21 @@ StepOutput ModelRunner::run(std::span<const SeqChunk> chunks) {
 
   const size_t n_rows = b.logit_rows.size();  // (before any padding)
   const Pick pick = choose_pick(chunks, caps, cfg_);
+  const int q = uniform_q(chunks);
   std::vector<backend::SampleParams> params;  // device sampling: one per logit row
   std::vector<backend::LogitAdjust> adjust;
   if (pick == Pick::device_sample)
     for (size_t i = 0; i < chunks.size(); ++i)  // (every chunk with rows samples: choose_pick)
       if (chunks[i].sample) add_device_row(*chunks[i].sample, out.first_row[i], params, adjust);
   if (cfg_.pad_decode == RunnerConfig::PadDecode::on || (cfg_.pad_decode == RunnerConfig::PadDecode::automatic && caps.graphs))
-    pad_decode_batch(b, params);
+    pad_uniform_batch(b, q, params);
 
   Tensor host;  // logits f32 [n_out, vocab], or ids i32 [n_out]
   {
     backend::StepScope step(be);  // per-step buffers (CUDA: the arena; nothing allocated when warm)
     model::StepInputs in = model::upload_step(model_, b);
-    // Decode-only steps (one token per sequence) are recorded once and replayed (CUDA graphs).
-    const bool graphed = in.n_tokens > 0 && in.n_tokens == in.n_seqs && model_.graph_safe(in.n_tokens) &&
+    // Uniform steps (decodes, verifies) are recorded once per shape and replayed (CUDA graphs).
+    const bool graphed = q > 0 && model_.graph_safe(in.n_tokens) &&
                          be.begin_graph(graph_key(in, cache_, pick == Pick::device_argmax));
     Tensor logits = model_.forward(in, cache_);  // [n_out, vocab] f32 on the device
     if (pick == Pick::device_argmax) {
