@@ -69,7 +69,7 @@ if want ab abtests; then  # the synthetic models, built while the tests run
 fi
 if want tests first abtests; then
   for t in cuda_ops_test cuda_qops_test cuda_models_test cuda_quantized_model_test cuda_engine_test \
-           cuda_sampling_test; do
+           cuda_sampling_test cuda_speculative_test; do
     el "=== $t"
     LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/$t" 2>&1 | tee -a "$OUT/tests.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|error|Expected|Which is|knife-edge|rel-L2|max error|graph replays|chi2" |
