@@ -333,6 +333,62 @@ test('an API key guards every route but /health', async () => {
   }
 });
 
+// Speculative decoding: a draft model (llama2xs-280K, stories260K's tokenizer) and prompt lookup.
+// Greedy drafting never changes the text; usage, timings and /metrics count the drafts.
+for (const [what, args] of [
+  ['--draft-model', ['--draft-model', path.join(process.env.KILN_SHARED_DIR ?? '', 'models/llama2xs-280K')]],
+  ['--spec-ngram', ['--spec-ngram']]]) {
+  test(`speculative decoding (${what}): same greedy text, drafts counted, num_draft_tokens validated`, async () => {
+    const s = await startServer(args);
+    try {
+      const c = new OpenAI({ baseURL: s.base + '/v1', apiKey: 'x', maxRetries: 0 });
+      const req = { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 200, temperature: 0 };
+      const spec = await c.completions.create(req);
+      const plain = await c.completions.create({ ...req, num_draft_tokens: 0 });
+      assert.equal(spec.choices[0].text, plain.choices[0].text);
+      assert.equal(spec.choices[0].text, generate('Once upon a time', 200));
+      for (const u of [spec.usage, spec.timings]) {
+        assert.equal(typeof u.draft_n, 'number');
+        assert.ok(u.draft_n >= u.draft_n_accepted && u.draft_n_accepted >= 0, JSON.stringify(u));
+      }
+      assert.equal(plain.usage.draft_n, 0);  // drafting off for that request
+
+      // Streamed chat equals non-streamed, and its usage chunk counts the drafts too.
+      const chat = { model: 'stories260K', temperature: 0, max_tokens: 64, messages: [{ role: 'user', content: 'The cat sat' }] };
+      const full = await c.chat.completions.create(chat);
+      const stream = await c.chat.completions.create({ ...chat, stream: true, stream_options: { include_usage: true } });
+      let text = '', usage = null;
+      for await (const chunk of stream) {
+        usage = chunk.usage ?? usage;
+        for (const ch of chunk.choices) text += ch.delta.content ?? '';
+      }
+      assert.equal(text, full.choices[0].message.content);
+      assert.ok(usage.draft_n >= usage.draft_n_accepted, JSON.stringify(usage));
+
+      // Concurrent sequences draft and verify in one batch: each equals its solo text.
+      const prompts = PROMPTS.slice(0, 4);
+      const solo = await Promise.all(prompts.map(async (p) => generate(p, 60)));
+      const together = await Promise.all(prompts.map(async (p) =>
+        (await c.completions.create({ model: 'stories260K', prompt: p, max_tokens: 60, temperature: 0 })).choices[0].text));
+      assert.deepEqual(together, solo);
+
+      const m = await metrics(s.base);
+      for (const k of ['kiln_spec_draft_tokens_total', 'kiln_spec_accepted_tokens_total', 'kiln_spec_acceptance_rate',
+        'kiln_spec_mean_accepted_length']) assert.equal(typeof m[k], 'number', k);
+      assert.ok(m.kiln_spec_draft_tokens_total >= m.kiln_spec_accepted_tokens_total);
+      assert.ok(m.kiln_spec_acceptance_rate >= 0 && m.kiln_spec_acceptance_rate <= 1);
+
+      const res = await fetch(s.base + '/v1/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ ...req, num_draft_tokens: 99 }) });
+      assert.equal(res.status, 400);
+      assert.equal((await res.json()).error.param, 'num_draft_tokens');
+      await assert.rejects(c.chat.completions.create({ ...chat, num_draft_tokens: -1 }), (e) => e.status === 400);
+    } finally {
+      await s.stop();
+    }
+  });
+}
+
 // stories260K finishes a whole story in milliseconds, so the abort tests run on a synthetic 100M
 // model (about 20 tokens/s on a CPU): a request is surely still running when its client leaves.
 // Made once, on first use; each test starts its own server so its counters start at 0.

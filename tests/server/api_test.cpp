@@ -57,6 +57,25 @@ TEST_F(ApiTest, CompletionParsesIntoEngineParameters) {
   EXPECT_EQ(r.logprobs, 3);
   EXPECT_TRUE(r.echo && r.stream && r.include_usage);
   EXPECT_FLOAT_EQ(r.sampling.logit_bias.at(5), -100.0f);
+  EXPECT_EQ(r.num_draft_tokens, -1);  // left out: the server's --num-draft-tokens
+}
+
+TEST_F(ApiTest, NumDraftTokensIsAnIntegerIn0To16) {
+  auto parse = [&](const char* body, bool chat = false) {
+    kiln::chat::Renderer render;
+    auto j = parse_body(body);
+    return chat ? parse_chat(j, *tok, lim(), render) : parse_completion(j, *tok, lim());
+  };
+  EXPECT_EQ(parse(R"({"prompt":"a","num_draft_tokens":0})").num_draft_tokens, 0);  // drafting off
+  EXPECT_EQ(parse(R"({"prompt":"a","num_draft_tokens":16})").num_draft_tokens, 16);
+  EXPECT_EQ(parse(R"({"messages":[{"role":"user","content":"a"}],"num_draft_tokens":5})", true).num_draft_tokens, 5);
+  EXPECT_EQ(parse(R"({"prompt":"a","num_draft_tokens":null})").num_draft_tokens, -1);
+  for (const char* v : {"17", "-1", "2.5", "\"3\"", "true"})
+    EXPECT_EQ(error_of(std::string(R"({"prompt":"a","num_draft_tokens":)") + v + "}"),
+              (std::pair<int, std::string>{400, "num_draft_tokens"}))
+        << v;
+  EXPECT_EQ(error_of(R"({"messages":[{"role":"user","content":"a"}],"num_draft_tokens":99})", true).second,
+            "num_draft_tokens");
 }
 
 TEST_F(ApiTest, PromptForms) {

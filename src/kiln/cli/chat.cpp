@@ -11,6 +11,7 @@
 #include "kiln/cli/commands.h"
 #include "kiln/cli/model_args.h"
 #include "kiln/cli/prompt_args.h"
+#include "kiln/cli/spec_args.h"
 #include "kiln/engine/engine.h"
 #include "kiln/engine/kv_sizing.h"
 
@@ -24,18 +25,23 @@ void on_sigint(int) { g_interrupted = true; }
 struct ChatOptions {
   ModelArgs model;
   ChatArgs chat;
+  SpecArgs spec;
   int max_tokens = 256;
   float temp = 0.0f, top_p = 1.0f;
   std::optional<uint64_t> seed;
   bool verbose = false;
 };
 
-std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::LoadedModel& m) {
+std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::LoadedModel& m, const Drafter& drafter) {
   engine::EngineConfig ec;
+  o.spec.apply_to(ec, drafter);
   ec.scheduler.max_seqs = 1;
   ec.block_size = 8;  // small blocks: more of the previous turn is reusable
   ec.n_blocks = (m.config.max_position_embeddings + ec.block_size - 1) / ec.block_size + 1;
-  ec.prompt_cache_bytes = engine::kv_bytes_per_block(*m.model, ec.block_size) * ec.n_blocks;  // a whole conversation
+  // A whole conversation, in blocks as the engine's pool counts them (with the draft's K/V, if any).
+  const size_t block_bytes = engine::kv_bytes_per_block(*m.model, ec.block_size) +
+                             (drafter.source ? drafter.source->kv_bytes(ec.block_size) : 0);
+  ec.prompt_cache_bytes = block_bytes * ec.n_blocks;
   o.model.apply_to(ec);  // --kv-cache-bytes replaces the count above; the GPU budget caps it
   return std::make_unique<engine::Engine>(*m.model, ec);
 }
@@ -43,7 +49,9 @@ std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::Loaded
 void run_chat(const ChatOptions& o) {
   auto m = o.model.load();
   chat::Renderer render = o.chat.load(m->path, m->tokenizer.get());
-  auto eng = make_engine(o, *m);
+  // Outlives every engine below (each points at it); a /reset engine reserves its KV afresh.
+  const Drafter drafter = o.spec.load(*m, o.model.load_options(), engine::SchedulerConfig{}.max_batch_tokens);
+  auto eng = make_engine(o, *m, drafter);
   OrderedJson messages;
   std::vector<int32_t> history;  // tokens the engine has seen: every prompt and answer so far (no EOS)
   std::string history_text;      // the rendered text those tokens stand for
@@ -76,7 +84,7 @@ void run_chat(const ChatOptions& o) {
     if (line == "/exit" || line == "/quit") return;
     if (line == "/reset") {
       reset();
-      eng = make_engine(o, *m);  // a fresh KV cache: nothing of the old conversation is reused
+      eng = make_engine(o, *m, drafter);  // a fresh KV cache: nothing of the old conversation is reused
       std::printf("[conversation reset]\n");
       continue;
     }
@@ -119,6 +127,7 @@ void run_chat(const ChatOptions& o) {
       done = e.finished;
     };
     g_interrupted = false;
+    const engine::EngineStats before = eng->stats();
     int64_t id = eng->add(std::move(r));
     while (!done && eng->has_work()) {
       if (g_interrupted) {
@@ -136,6 +145,11 @@ void run_chat(const ChatOptions& o) {
     if (o.verbose)
       std::printf("[prompt: %zu tokens, reused %d, prefilled %zu; generated %d]\n", ids.size(), n_cached,
                   ids.size() - n_cached, n_generated);
+    if (o.verbose && drafter.source) {  // this turn's share of the engine's totals
+      const engine::EngineStats& st = eng->stats();
+      std::printf("[%s]\n", spec_summary(st.draft_tokens - before.draft_tokens, st.accepted_tokens - before.accepted_tokens,
+                                         st.verifies - before.verifies).c_str());
+    }
   }
 }
 
@@ -150,7 +164,10 @@ void add_chat(CLI::App& app) {
   cmd->add_option("--temp", o->temp, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed");
-  cmd->add_flag("--verbose", o->verbose, "After each answer, print prompt tokens reused from the cache vs prefilled");
+  o->spec.add_to(cmd, 2);  // as kiln generate (mlx_lm.generate's default)
+  cmd->add_flag("--verbose", o->verbose,
+                "After each answer, print prompt tokens reused from the cache vs prefilled and, when drafting, the "
+                "answer's drafts accepted");
   cmd->callback([o] { run_chat(*o); });
 }
 

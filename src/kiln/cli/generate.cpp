@@ -8,6 +8,7 @@
 #include "kiln/cli/commands.h"
 #include "kiln/cli/model_args.h"
 #include "kiln/cli/prompt_args.h"
+#include "kiln/cli/spec_args.h"
 #include "kiln/engine/engine.h"
 
 namespace kiln::cli {
@@ -22,6 +23,7 @@ struct GenerateArgs {
   int top_k = 0;
   std::optional<uint64_t> seed;
   ChatArgs chat;
+  SpecArgs spec;
   bool verbose = false;
 };
 
@@ -44,8 +46,13 @@ void run_generate(const GenerateArgs& a) {
 
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = 1;
-  ec.n_blocks = (std::min<int>(m->config.max_position_embeddings, static_cast<int>(ids.size()) + a.max_tokens) + ec.block_size) /
-                    ec.block_size + 1;
+  // Declared before the engine, which points at it.
+  const Drafter drafter = a.spec.load(*m, a.model.load_options(), ec.scheduler.max_batch_tokens);
+  a.spec.apply_to(ec, drafter);
+  // Room for the prompt, the output and, when drafting, the K/V of the drafts a step verifies past it.
+  const int n_draft = drafter.source ? a.spec.num_draft_tokens : 0;
+  const int n_tokens = std::min<int>(m->config.max_position_embeddings, static_cast<int>(ids.size()) + a.max_tokens + n_draft);
+  ec.n_blocks = (n_tokens + ec.block_size) / ec.block_size + 1;
   a.model.apply_to(ec);  // --kv-cache-bytes replaces the count above; the GPU budget caps it
   engine::Engine eng(*m->model, ec);
 
@@ -85,6 +92,10 @@ void run_generate(const GenerateArgs& a) {
     std::fprintf(stdout, "Prompt: %zu tokens, %.3f tokens-per-sec\n", ids.size(), ids.size() / std::max(prompt_s, 1e-9));
     std::fprintf(stdout, "Generation: %d tokens, %.3f tokens-per-sec\n", n_generated,
                  n_generated > 1 ? (n_generated - 1) / std::max(gen_s, 1e-9) : 0.0);
+    if (drafter.source) {
+      const engine::EngineStats& st = eng.stats();
+      std::fprintf(stdout, "%s\n", spec_summary(st.draft_tokens, st.accepted_tokens, st.verifies).c_str());
+    }
     std::fprintf(stdout, "Peak memory: %.3f GB\n", peak_rss_bytes() / 1e9);
   }
 }
@@ -108,7 +119,9 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Random seed (same seed, same tokens)");
   cmd->add_flag("--ignore-chat-template", a->chat.ignore_chat_template, "Use the raw prompt, without the model's chat template");
   a->chat.add_to(cmd);
-  cmd->add_flag("--verbose", a->verbose, "Print prompt and generation speed and peak memory");
+  a->spec.add_to(cmd, 2);  // mlx_lm.generate's default
+  cmd->add_flag("--verbose", a->verbose,
+                "Print prompt and generation speed, peak memory and, when drafting, how many drafts were accepted");
   cmd->callback([a] { run_generate(*a); });
 }
 

@@ -26,9 +26,14 @@ void ModelArgs::apply_to(engine::EngineConfig& ec) const {
   ec.kv_cache_bytes = kv_cache_bytes;
 }
 
-std::unique_ptr<engine::LoadedModel> ModelArgs::load() const {
+engine::LoadOptions ModelArgs::load_options() const {
   engine::LoadOptions opt;
   opt.device = device == "auto" ? (backend::cuda_device_available() ? "cuda" : "cpu") : device;
+  return opt;
+}
+
+std::unique_ptr<engine::LoadedModel> ModelArgs::load() const {
+  const engine::LoadOptions opt = load_options();
   if (model.empty()) return engine::load_model_from_memory(embedded_model_files(), kEmbeddedName, opt);
   return engine::load_model(model, opt);
 }

@@ -18,6 +18,8 @@ struct ModelArgs {
   double gpu_memory_utilization = 0.9;
   size_t kv_cache_bytes = 0;
   void add_to(CLI::App* cmd);
+  // --device resolved ("auto" -> cuda when a GPU is present): a draft model loads with the same.
+  engine::LoadOptions load_options() const;
   std::unique_ptr<engine::LoadedModel> load() const;
   // Puts the KV sizing flags into an engine's config.
   void apply_to(engine::EngineConfig& ec) const;

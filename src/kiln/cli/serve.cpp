@@ -11,6 +11,7 @@
 #include "kiln/cli/commands.h"
 #include "kiln/cli/embedded.h"
 #include "kiln/cli/model_args.h"
+#include "kiln/cli/spec_args.h"
 #include "kiln/engine/engine_thread.h"
 #include "kiln/server/server.h"
 
@@ -22,6 +23,7 @@ struct ServeArgs {
   ModelArgs model;
   server::ServerConfig http;
   chat::TemplatePolicy chat;
+  SpecArgs spec;
   float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int top_k = 0, max_tokens = 512;
   int batch = 8, max_batch_tokens = 2048;
@@ -46,6 +48,9 @@ void run_serve(ServeArgs& a) {
   ec.scheduler.max_batch_tokens = a.max_batch_tokens;
   a.model.apply_to(ec);  // --kv-cache-bytes, --gpu-memory-utilization
   ec.prompt_cache_bytes = a.prompt_cache_bytes;
+  // Loaded (and its tokenizer checked) before the server binds; declared before the engine, which points at it.
+  const Drafter drafter = a.spec.load(*m, a.model.load_options(), a.max_batch_tokens);
+  a.spec.apply_to(ec, drafter);
   engine::Engine eng(*m->model, ec);
   engine::EngineThread et(eng);
 
@@ -70,8 +75,9 @@ void run_serve(ServeArgs& a) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
-  std::fprintf(stderr, "kiln serve: %s on http://%s:%d (batch %d, %d KV blocks of %d tokens)\n", name.c_str(),
-               a.http.host.c_str(), srv.port(), a.batch, eng.blocks().n_blocks(), eng.blocks().block_size());
+  std::string spec = drafter.source ? fmt::format(", drafts: {} up to {}", drafter.source->name(), a.spec.num_draft_tokens) : "";
+  std::fprintf(stderr, "kiln serve: %s on http://%s:%d (batch %d, %d KV blocks of %d tokens%s)\n", name.c_str(),
+               a.http.host.c_str(), srv.port(), a.batch, eng.blocks().n_blocks(), eng.blocks().block_size(), spec.c_str());
   std::fflush(stderr);
   srv.listen();
   g_server = nullptr;
@@ -103,6 +109,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget per engine step (prefill chunks + decodes)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--prompt-cache-bytes", a->prompt_cache_bytes, "Prefix cache size in bytes (0 = off)")->capture_default_str();
+  a->spec.add_to(cmd, 3);  // mlx_lm.server's default; a request's num_draft_tokens may lower it
   cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--cors-origin", h.cors_origin, "Send CORS headers allowing this origin (e.g. '*')");
   cmd->add_option("--max-request-bytes", h.max_body_bytes, "Largest request body accepted (413 above)")->capture_default_str();

@@ -81,6 +81,9 @@ void EngineThread::refresh_snapshot() {
   snap_.busy_seconds = busy_seconds_;
   snap_.decode_seconds = st.decode_seconds;
   snap_.prefill_seconds = st.prefill_seconds;
+  snap_.draft_tokens = st.draft_tokens;
+  snap_.accepted_tokens = st.accepted_tokens;
+  snap_.verifies = st.verifies;
 }
 
 void EngineThread::loop() {

@@ -41,6 +41,7 @@ struct EngineSnapshot {
   int64_t prompt_tokens = 0, generated_tokens = 0, cache_hit_tokens = 0, preemptions = 0, steps = 0;
   double busy_seconds = 0;  // time spent in steps
   double decode_seconds = 0, prefill_seconds = 0;
+  int64_t draft_tokens = 0, accepted_tokens = 0, verifies = 0;  // speculative decoding (EngineStats)
 };
 
 class EngineThread {

@@ -49,6 +49,9 @@ struct CompletionRequest {
   bool echo = false;
   bool stream = false, include_usage = false;
   bool return_token_ids = false;
+  // Speculative decoding: at most this many drafts per step (0: off); -1: the server's
+  // --num-draft-tokens, which also caps a larger value.
+  int num_draft_tokens = -1;
   int choices() const { return static_cast<int>(prompts.size()) * n; }
 };
 

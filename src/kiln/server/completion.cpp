@@ -47,6 +47,7 @@ struct Choice {
   const char* finish = nullptr;  // set when done
   bool started = false, first_chunk_sent = false;
   int n_cached = 0;
+  int draft_n = 0, draft_n_accepted = 0;  // speculative decoding: the engine's running totals
   Clock::time_point t_first, t_last;
 };
 
@@ -82,6 +83,9 @@ struct Server::Ctx {
       c.prompt_lp = e.prompt_logprobs;
     }
     c.t_last = now;
+    // Every sampled token's event carries the totals so far; an end-only event (cancel, error) carries 0.
+    c.draft_n = std::max(c.draft_n, e.draft_n);
+    c.draft_n_accepted = std::max(c.draft_n_accepted, e.draft_n_accepted);
     if (e.reason == engine::FinishReason::error) {
       error = e.error;
       error_status = e.request_id == 0 ? 400 : 500;  // 0: the engine refused it before running
@@ -166,10 +170,12 @@ struct Server::Ctx {
 
   // usage and timings over all choices (each prompt counted once, through its first choice).
   std::pair<Json, Json> usage_json() const {
-    int64_t prompt = 0, cached = 0, completion = 0;
+    int64_t prompt = 0, cached = 0, completion = 0, drafted = 0, accepted = 0;
     Clock::time_point first = Clock::time_point::max(), last = t_submit;
     for (auto& c : choices) {
       completion += static_cast<int64_t>(c.tokens.size());
+      drafted += c.draft_n;
+      accepted += c.draft_n_accepted;
       if (c.index % req.n == 0) {
         prompt += static_cast<int64_t>(req.prompts[c.prompt].size());
         cached += c.n_cached;
@@ -183,7 +189,9 @@ struct Server::Ctx {
     Json usage = {{"prompt_tokens", prompt},
                   {"completion_tokens", completion},
                   {"total_tokens", prompt + completion},
-                  {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+                  {"prompt_tokens_details", {{"cached_tokens", cached}}},
+                  {"draft_n", drafted},
+                  {"draft_n_accepted", accepted}};
     double prompt_ms = ms_between(t_submit, first), predicted_ms = ms_between(first, last);
     Json timings = {{"prompt_n", prompt - cached},
                     {"cache_n", cached},
@@ -191,7 +199,9 @@ struct Server::Ctx {
                     {"prompt_per_second", prompt_ms > 0 ? (prompt - cached) * 1000.0 / prompt_ms : 0.0},
                     {"predicted_n", completion},
                     {"predicted_ms", predicted_ms},
-                    {"predicted_per_second", predicted_ms > 0 ? completion * 1000.0 / predicted_ms : 0.0}};
+                    {"predicted_per_second", predicted_ms > 0 ? completion * 1000.0 / predicted_ms : 0.0},
+                    {"draft_n", drafted},  // llama.cpp's names: tokens drafted and accepted
+                    {"draft_n_accepted", accepted}};
     return {usage, timings};
   }
 
@@ -231,6 +241,7 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
       er.max_tokens = r.max_tokens;
       er.stop_ids = cfg_.stop_ids;
       er.logprobs = r.logprobs;
+      er.num_draft_tokens = r.num_draft_tokens;
       if (r.echo && r.logprobs >= 0) er.prompt_logprobs = r.logprobs;
       engine_.submit(std::move(er), ctx->ch, c.index);
     }

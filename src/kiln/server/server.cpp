@@ -202,6 +202,15 @@ std::string Server::metrics_text() {
   metric("kiln_kv_blocks_total", "gauge", "KV blocks in the pool", e.blocks_total);
   metric("kiln_generation_tokens_per_second", "gauge", "Tokens generated per second of engine busy time",
          e.busy_seconds > 0 ? e.generated_tokens / e.busy_seconds : 0.0);
+  metric("kiln_spec_draft_tokens_total", "counter", "Speculative decoding: draft tokens proposed and verified",
+         static_cast<double>(e.draft_tokens));
+  metric("kiln_spec_accepted_tokens_total", "counter", "Speculative decoding: draft tokens accepted",
+         static_cast<double>(e.accepted_tokens));
+  metric("kiln_spec_acceptance_rate", "gauge", "Speculative decoding: accepted / drafted tokens (0 before any draft)",
+         e.draft_tokens > 0 ? static_cast<double>(e.accepted_tokens) / e.draft_tokens : 0.0);
+  // Accepted drafts per verify (the target also adds a token of its own to each: + 1 per forward).
+  metric("kiln_spec_mean_accepted_length", "gauge", "Speculative decoding: draft tokens accepted per verify (0 before any)",
+         e.verifies > 0 ? static_cast<double>(e.accepted_tokens) / e.verifies : 0.0);
   return o;
 }
 
