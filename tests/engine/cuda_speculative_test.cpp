@@ -1,5 +1,6 @@
 // Speculative decoding on CUDA (the cases: speculative_cases.h); SKIPPED without a GPU.
 #define KILN_SPEC_DEVICE "cuda"
+#define KILN_SPEC_SUITE CudaSpeculative
 #include "speculative_cases.h"
 
 #ifdef KILN_HAVE_CUDA
@@ -7,8 +8,8 @@
 
 // Verifies of uniform shape (every sequence drafted the same count) replay captured graphs, and
 // give the tokens of the same verifies run eagerly.
-TEST_F(Speculative, UniformVerifiesReplayGraphsAndMatchEager) {
-  auto draft = make_draft_model(*models().self, *models().target, SpecAccept::residual);
+TEST_F(CudaSpeculative, UniformVerifiesReplayGraphsAndMatchEager) {
+  auto draft = make_draft_model(*models().self, *models().target);
   auto& be = static_cast<backend::cuda::CudaBackend&>(*models().target->backend);
   auto batch = [&](bool graphs, int64_t* replays) {
     be.set_graphs_enabled(graphs);

@@ -77,6 +77,21 @@ TEST(KvSizing, PrefixCacheGetsWhatTheBudgetLeaves) {
   EXPECT_LE((p.active_blocks + p.cached_blocks) * r.bytes_per_block, p.budget_bytes);
 }
 
+TEST(KvSizing, ADraftsKvCountsInActiveBlocksOnly) {
+  // Active blocks hold the target's and a draft model's K/V (3 MB); prefix-cache blocks only the
+  // target's (2 MB). 40 GB budget for 10000 active blocks leaves 10 GB: 5000 cached blocks.
+  KvPoolRequest r = gpu_request();
+  r.bytes_per_block = 3 * kGB / 1000;
+  r.cached_bytes_per_block = 2 * kGB / 1000;
+  r.wanted_blocks = 40 * kGB / r.bytes_per_block;
+  r.prompt_cache_bytes = 20 * kGB;
+  KvPoolPlan p = plan_kv_pool(r);
+  EXPECT_EQ(p.active_blocks, r.wanted_blocks);
+  EXPECT_EQ(p.cached_blocks, static_cast<int>((p.budget_bytes - p.active_blocks * r.bytes_per_block) / r.cached_bytes_per_block));
+  EXPECT_LE(p.active_blocks * r.bytes_per_block + p.cached_blocks * r.cached_bytes_per_block, p.budget_bytes);
+  EXPECT_GT(p.cached_blocks, (p.budget_bytes - p.active_blocks * r.bytes_per_block) / r.bytes_per_block);
+}
+
 TEST(KvSizing, BudgetNeverExceedsFreeMemory) {
   KvPoolRequest r = gpu_request();
   r.device_free = 10 * kGB;  // another process holds most of the device

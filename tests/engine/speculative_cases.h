@@ -1,5 +1,6 @@
 // Speculative decoding with the real models of ../shared/models, on the device KILN_SPEC_DEVICE
-// (speculative_test.cpp: the CPU; cuda_speculative_test.cpp: CUDA, skipped without a GPU): greedy output is the
+// and the suite name KILN_SPEC_SUITE (speculative_test.cpp: the CPU, Speculative;
+// cuda_speculative_test.cpp: CUDA, CudaSpeculative, skipped without a GPU): greedy output is the
 // same token for token with and without drafting, for stories260K drafting itself, llama2xs-280K
 // (another model, one tokenizer) drafting for stories260K, and prompt lookup; EOS and max_tokens
 // inside an accepted burst end the output where plain decoding ends it; 8 concurrent drafted
@@ -32,7 +33,7 @@ std::unique_ptr<LoadedModel> load(const std::string& name) {
   return load_model(shared_dir() + "/models/" + name, {.device = KILN_SPEC_DEVICE});
 }
 
-class Speculative : public ::testing::Test {
+class KILN_SPEC_SUITE : public ::testing::Test {
  protected:
   void SetUp() override {
     if (std::string(KILN_SPEC_DEVICE) == "cuda" && !backend::cuda_device_available())
@@ -107,8 +108,8 @@ double acceptance(const Output& r) { return r.draft_n ? static_cast<double>(r.dr
 
 }  // namespace
 
-TEST_F(Speculative, SelfDraftingGivesTheSameTokensAndAcceptsAll) {
-  auto draft = make_draft_model(*models().self, *models().target, SpecAccept::residual);
+TEST_F(KILN_SPEC_SUITE, SelfDraftingGivesTheSameTokensAndAcceptsAll) {
+  auto draft = make_draft_model(*models().self, *models().target);
   for (const char* p : kPrompts) {
     const Output plain = solo(greedy(p, 200));
     for (int n : {1, 3, 6}) {
@@ -121,8 +122,8 @@ TEST_F(Speculative, SelfDraftingGivesTheSameTokensAndAcceptsAll) {
   }
 }
 
-TEST_F(Speculative, AnotherDraftModelGivesTheSameTokens) {
-  auto draft = make_draft_model(*models().xs, *models().target, SpecAccept::residual);
+TEST_F(KILN_SPEC_SUITE, AnotherDraftModelGivesTheSameTokens) {
+  auto draft = make_draft_model(*models().xs, *models().target);
   int64_t drafted = 0, accepted = 0;
   for (const char* p : kPrompts) {
     // 300 tokens pass llama2xs-280K's 256-token context: the rest decodes without drafts.
@@ -139,7 +140,7 @@ TEST_F(Speculative, AnotherDraftModelGivesTheSameTokens) {
   EXPECT_LT(rate, 0.9);  // two different models: well below 1
 }
 
-TEST_F(Speculative, PromptLookupGivesTheSameTokens) {
+TEST_F(KILN_SPEC_SUITE, PromptLookupGivesTheSameTokens) {
   auto draft = make_ngram_draft(2, 4);
   int64_t drafted = 0;
   for (const char* p : kPrompts) {
@@ -151,8 +152,8 @@ TEST_F(Speculative, PromptLookupGivesTheSameTokens) {
   EXPECT_GT(drafted, 0);
 }
 
-TEST_F(Speculative, EosAndMaxTokensInsideABurstEndWherePlainDecodingEnds) {
-  auto draft = make_draft_model(*models().self, *models().target, SpecAccept::residual);
+TEST_F(KILN_SPEC_SUITE, EosAndMaxTokensInsideABurstEndWherePlainDecodingEnds) {
+  auto draft = make_draft_model(*models().self, *models().target);
   const Output plain = solo(greedy(kPrompts[0], 60, {}));
   ASSERT_EQ(plain.tokens.size(), 60u);
   // Self-drafting accepts every draft, so with n = 5 each verify emits 6 tokens: every max_tokens
@@ -171,8 +172,8 @@ TEST_F(Speculative, EosAndMaxTokensInsideABurstEndWherePlainDecodingEnds) {
   }
 }
 
-TEST_F(Speculative, EightConcurrentDraftedRequestsEachEqualTheirSoloOutput) {
-  auto xs = make_draft_model(*models().xs, *models().target, SpecAccept::residual);
+TEST_F(KILN_SPEC_SUITE, EightConcurrentDraftedRequestsEachEqualTheirSoloOutput) {
+  auto xs = make_draft_model(*models().xs, *models().target);
   auto ngram = make_ngram_draft(2, 4);
   for (DraftSource* d : {xs.get(), ngram.get()}) {
     std::vector<Request> reqs;
@@ -189,8 +190,8 @@ TEST_F(Speculative, EightConcurrentDraftedRequestsEachEqualTheirSoloOutput) {
   }
 }
 
-TEST_F(Speculative, LogprobsComeOnePerTokenAndEqualPlainDecodings) {
-  auto draft = make_draft_model(*models().self, *models().target, SpecAccept::residual);
+TEST_F(KILN_SPEC_SUITE, LogprobsComeOnePerTokenAndEqualPlainDecodings) {
+  auto draft = make_draft_model(*models().self, *models().target);
   auto logprobs = [&](DraftSource* d) {
     Request r = greedy(kPrompts[1], 30);
     r.logprobs = 2;
@@ -213,10 +214,10 @@ TEST_F(Speculative, LogprobsComeOnePerTokenAndEqualPlainDecodings) {
   }
 }
 
-TEST_F(Speculative, ADraftWithAnotherTokenizerIsRefusedNamingTheToken) {
+TEST_F(KILN_SPEC_SUITE, ADraftWithAnotherTokenizerIsRefusedNamingTheToken) {
   auto other = load("aidreams260K");
   try {
-    make_draft_model(*other, *models().target, SpecAccept::residual);
+    make_draft_model(*other, *models().target);
     FAIL() << "accepted a draft with another tokenizer";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token id"), std::string::npos) << e.what();
@@ -229,13 +230,13 @@ TEST_F(Speculative, ADraftWithAnotherTokenizerIsRefusedNamingTheToken) {
   EXPECT_THROW(Engine(*models().target->model, ec), Error);
 }
 
-TEST_F(Speculative, PromptLookupProposesWhatFollowedTheLatestMatch) {
+TEST_F(KILN_SPEC_SUITE, PromptLookupProposesWhatFollowedTheLatestMatch) {
   auto d = make_ngram_draft(2, 3);
   Request r;
   r.prompt = {1, 5, 6, 7, 8, 9, 5, 6, 7, 4, 5, 6, 7};
   Sequence s(1, std::move(r));
   Draft out;
-  const DraftAsk ask{&s, 3, &out};
+  const DraftAsk ask{&s, 3, false, &out};
   d->propose({&ask, 1});
   EXPECT_EQ(out.tokens, (std::vector<int32_t>{4, 5, 6}));  // "5 6 7" last seen before "4"
   s.tokens = {1, 2, 3, 4};
@@ -321,17 +322,17 @@ void expect_target_distribution(DraftSource* draft, SpecAccept accept, double mi
 
 }  // namespace
 
-TEST_F(Speculative, SampledDraftModelKeepsTheTargetDistributionResidualRule) {
-  auto draft = make_draft_model(*models().xs, *models().target, SpecAccept::residual);
+TEST_F(KILN_SPEC_SUITE, SampledDraftModelKeepsTheTargetDistributionResidualRule) {
+  auto draft = make_draft_model(*models().xs, *models().target);
   expect_target_distribution(draft.get(), SpecAccept::residual, 0.2);
 }
 
-TEST_F(Speculative, SampledDraftModelKeepsTheTargetDistributionExactRule) {
-  auto draft = make_draft_model(*models().xs, *models().target, SpecAccept::exact);
+TEST_F(KILN_SPEC_SUITE, SampledDraftModelKeepsTheTargetDistributionExactRule) {
+  auto draft = make_draft_model(*models().xs, *models().target);
   expect_target_distribution(draft.get(), SpecAccept::exact, 0.05);
 }
 
-TEST_F(Speculative, PromptLookupKeepsTheTargetDistribution) {
+TEST_F(KILN_SPEC_SUITE, PromptLookupKeepsTheTargetDistribution) {
   // A point-mass draft (what followed the first token the first time) under the residual rule.
   auto draft = make_ngram_draft(1, 1);
   expect_target_distribution(draft.get(), SpecAccept::residual, 0.0, "Once upon a time, there was a cat. Once upon a time");

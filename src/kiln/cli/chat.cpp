@@ -38,10 +38,8 @@ std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::Loaded
   ec.scheduler.max_seqs = 1;
   ec.block_size = 8;  // small blocks: more of the previous turn is reusable
   ec.n_blocks = (m.config.max_position_embeddings + ec.block_size - 1) / ec.block_size + 1;
-  // A whole conversation, in blocks as the engine's pool counts them (with the draft's K/V, if any).
-  const size_t block_bytes = engine::kv_bytes_per_block(*m.model, ec.block_size) +
-                             (drafter.source ? drafter.source->kv_bytes(ec.block_size) : 0);
-  ec.prompt_cache_bytes = block_bytes * ec.n_blocks;
+  // A whole conversation in the prefix cache.
+  ec.prompt_cache_bytes = engine::kv_bytes_per_block(*m.model, ec.block_size) * ec.n_blocks;
   o.model.apply_to(ec);  // --kv-cache-bytes replaces the count above; the GPU budget caps it
   return std::make_unique<engine::Engine>(*m.model, ec);
 }

@@ -46,7 +46,7 @@ Drafter SpecArgs::load(const engine::LoadedModel& target, const engine::LoadOpti
     } catch (const Error& e) {  // say which of the two models failed
       fail("speculative", "cannot load the --draft-model: {}", e.what());
     }
-    d.source = engine::make_draft_model(*d.model, target, accept(), max_batch_tokens);
+    d.source = engine::make_draft_model(*d.model, target, max_batch_tokens);
   }
   return d;
 }

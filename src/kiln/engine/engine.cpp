@@ -26,9 +26,11 @@ static BlockManager make_blocks(model::Model& m, const EngineConfig& cfg) {
   const model::ModelConfig& c = m.config();
   backend::Backend& be = m.backend();
   KvPoolRequest r;
-  // A draft source's KV grows with the same sequences: one pool of blocks, each holding both.
+  // A draft source's KV grows with the same sequences: an active block holds both, a prefix-cache
+  // block only the target's.
   DraftSource* draft = cfg.spec.draft;
-  r.bytes_per_block = kv_bytes_per_block(m, cfg.block_size) + (draft ? draft->kv_bytes(cfg.block_size) : 0);
+  r.cached_bytes_per_block = kv_bytes_per_block(m, cfg.block_size);
+  r.bytes_per_block = r.cached_bytes_per_block + (draft ? draft->kv_bytes(cfg.block_size) : 0);
   const int per_seq = (c.max_position_embeddings + cfg.block_size - 1) / cfg.block_size;
   r.wanted_blocks = cfg.n_blocks > 0 ? cfg.n_blocks : per_seq * std::max(1, cfg.scheduler.max_seqs);
   r.kv_cache_bytes = cfg.kv_cache_bytes;
@@ -60,7 +62,10 @@ Engine::Engine(model::Model& model, EngineConfig cfg)
     fail("engine", "num_draft_tokens is {}; it must be 0..16", cfg_.spec.num_draft_tokens);
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (cfg_.spec.draft)  // the source may serve a later engine, whose ids start over
+    for (auto& [id, s] : seqs_) cfg_.spec.draft->forget(id);
+}
 
 int64_t Engine::add(Request r) {
   if (r.prompt.empty()) fail("engine", "the prompt is empty; give at least one token");
@@ -123,16 +128,18 @@ void Engine::rollback(int64_t id, int k) {
 // logprobs are pending, and at least two tokens are left to generate (a burst never passes
 // max_tokens or the context).
 int Engine::propose_drafts(std::span<const ScheduledChunk> sched, std::vector<SeqChunk>& chunks,
-                           std::vector<SampleSpec>& specs, std::vector<Draft>& drafts) {
+                           std::vector<SampleSpec>& specs, std::vector<Draft>& drafts, int* batch) {
   DraftSource* src = cfg_.spec.draft;
-  if (!src || cfg_.spec.num_draft_tokens <= 0) return 0;
+  *batch = 0;
+  if (!src || cfg_.spec.num_draft_tokens <= 0) return -1;
   auto decoding = [&](size_t i) {
     const Sequence& s = *sched[i].seq;
     return chunks[i].sample && chunks[i].n_tokens == 1 && s.num_draft_tokens != 0 && !wants_prompt_logprobs(s);
   };
   int n_decoding = 0;
   for (size_t i = 0; i < sched.size(); ++i) n_decoding += decoding(i);
-  if (n_decoding == 0) return 0;
+  *batch = n_decoding;
+  if (n_decoding == 0) return -1;
   const int n_step = cfg_.spec.adaptive ? policy_.choose(n_decoding) : cfg_.spec.num_draft_tokens;
   std::vector<DraftAsk> asks;
   std::vector<size_t> where;
@@ -143,10 +150,11 @@ int Engine::propose_drafts(std::span<const ScheduledChunk> sched, std::vector<Se
     int n = s.num_draft_tokens > 0 ? std::min(n_step, s.num_draft_tokens) : n_step;
     n = std::min({n, s.max_tokens - s.n_generated() - 1, context_length_ - L});
     if (n <= 0) continue;
-    asks.push_back({&s, n, &drafts[i]});
+    const bool probs = cfg_.spec.accept == SpecAccept::residual && s.sampler.params().temperature > 0.0f;
+    asks.push_back({&s, n, probs, &drafts[i]});
     where.push_back(i);
   }
-  if (asks.empty()) return n_step;
+  if (asks.empty()) return n_step == 0 ? 0 : -1;
   src->propose(asks);
   for (size_t i : where) {
     Sequence* s = sched[i].seq;
@@ -208,9 +216,7 @@ int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
                                               : accept_greedy(ids, d.tokens);
   }
   s->draft_n += n;
-  s->draft_n_accepted += v.n_accepted;
   stats_.draft_tokens += n;
-  stats_.accepted_tokens += v.n_accepted;
   ++stats_.verifies;
   // K/V stand for the pending token and the accepted drafts; the blocks that holds only them may
   // enter the prefix cache (rejected positions lie past n_computed and are rewritten later).
@@ -223,6 +229,7 @@ int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
     TokenEvent ev = make_event(s->id, -1, false, FinishReason::none);
     ev.n_cached = std::max(0, s->n_cached);
     if (s->logprobs >= 0) ev.logprob = log_softmax_at(out.row(row + j), v.tokens[j], s->logprobs, &ev.top);
+    if (j < v.n_accepted) ++s->draft_n_accepted, ++stats_.accepted_tokens;  // (counted as emitted: a stop ends them)
     ++emitted;
     if (emit(s, std::move(ev), v.tokens[j])) break;
   }
@@ -255,7 +262,8 @@ int Engine::step() {
     any_prefill |= c.n_tokens > 1 || s->n_computed < s->n_prompt;
   }
   std::vector<Draft> drafts(sched.size());
-  const int n_draft = propose_drafts(sched, chunks, specs, drafts);
+  int n_drafting = 0;  // the sequences the policy's choice went to
+  const int n_draft = propose_drafts(sched, chunks, specs, drafts, &n_drafting);
   int n_tokens = 0;
   for (const SeqChunk& c : chunks) n_tokens += c.n_tokens;
   StepOutput out = runner_.run(chunks);
@@ -309,7 +317,7 @@ int Engine::step() {
   if (!prefilled.empty()) cfg_.spec.draft->prefill(prefilled);
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   (any_prefill ? stats_.prefill_seconds : stats_.decode_seconds) += dt;
-  if (!any_prefill && cfg_.spec.draft && cfg_.spec.adaptive) policy_.record(static_cast<int>(sched.size()), n_draft, emitted, dt);
+  if (!any_prefill && n_draft >= 0 && cfg_.spec.adaptive) policy_.record(n_drafting, n_draft, emitted, dt);
   ++stats_.steps;
   return n_tokens;
 }

@@ -77,9 +77,9 @@ class Engine {
  private:
   void finish(Sequence* s, FinishReason r);
   // Appends drafts to the decoding chunks' sequences and widens those chunks into verifies; returns
-  // the draft length the policy chose for the step.
+  // the draft length asked for (-1: none asked) and sets *batch to the sequences it could go to.
   int propose_drafts(std::span<const ScheduledChunk> sched, std::vector<SeqChunk>& chunks, std::vector<SampleSpec>& specs,
-                     std::vector<Draft>& drafts);
+                     std::vector<Draft>& drafts, int* batch);
   // The accepted drafts and one more token from a verify's rows; returns the tokens emitted.
   int verify(Sequence* s, const Draft& d, StepOutput& out, int row);
   // Appends tok to s and reports it; true when s finished (and is gone).

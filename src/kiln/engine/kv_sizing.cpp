@@ -15,7 +15,7 @@ double gb(double b) { return b / 1e9; }
 
 KvPoolPlan plan_kv_pool(const KvPoolRequest& r) {
   KILN_ASSERT(r.bytes_per_block > 0, "plan_kv_pool: bytes_per_block is 0");
-  const size_t bpb = r.bytes_per_block;
+  const size_t bpb = r.bytes_per_block, cbpb = r.cached_bytes_per_block ? r.cached_bytes_per_block : bpb;
   KvPoolPlan p;
   if (r.kv_cache_bytes > 0) {
     if (r.kv_cache_bytes < bpb)
@@ -26,7 +26,7 @@ KvPoolPlan plan_kv_pool(const KvPoolRequest& r) {
     p.active_blocks = std::max(1, r.wanted_blocks);
   }
   p.cached_blocks =
-      static_cast<int>(std::min<size_t>(r.prompt_cache_bytes / bpb, 4ull * static_cast<size_t>(p.active_blocks)));
+      static_cast<int>(std::min<size_t>(r.prompt_cache_bytes / cbpb, 4ull * static_cast<size_t>(p.active_blocks)));
   if (r.device_total == 0) return p;  // a host backend: nothing to budget
 
   const size_t avail = r.device_free > r.activation_reserve ? r.device_free - r.activation_reserve : 0;
@@ -37,7 +37,7 @@ KvPoolPlan plan_kv_pool(const KvPoolRequest& r) {
       fail("engine", "--kv-cache-bytes {} ({:.2f} GB) does not fit: the device has {:.2f} GB free after the weights, "
            "{:.2f} GB of which are kept for activations; lower --kv-cache-bytes", r.kv_cache_bytes, gb(need),
            gb(r.device_free), gb(r.activation_reserve));
-    p.cached_blocks = static_cast<int>(std::min<size_t>(p.cached_blocks, (avail - need) / bpb));
+    p.cached_blocks = static_cast<int>(std::min<size_t>(p.cached_blocks, (avail - need) / cbpb));
     return p;
   }
   if (r.gpu_memory_utilization <= 0) return p;
@@ -60,7 +60,8 @@ KvPoolPlan plan_kv_pool(const KvPoolRequest& r) {
     p.cached_blocks = 0;
     p.capped = true;
   } else {
-    p.cached_blocks = std::min(p.cached_blocks, fit - p.active_blocks);
+    const double left = budget - static_cast<double>(p.active_blocks) * static_cast<double>(bpb);
+    p.cached_blocks = static_cast<int>(std::min<double>(p.cached_blocks, left / static_cast<double>(cbpb)));
   }
   return p;
 }

@@ -11,6 +11,7 @@ namespace kiln::engine {
 
 struct KvPoolRequest {
   size_t bytes_per_block = 0;        // K and V of one block over every layer, in the cache dtype
+  size_t cached_bytes_per_block = 0; // a prefix-cache block (0: bytes_per_block; a draft's K/V is not cached)
   int wanted_blocks = 0;             // what the workload can use (explicit n_blocks, or max_seqs x context)
   size_t kv_cache_bytes = 0;         // explicit pool size for running sequences; 0: wanted_blocks
   size_t prompt_cache_bytes = 0;     // prefix cache blocks wished for beside them (at most 4x as many)

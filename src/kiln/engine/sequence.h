@@ -14,7 +14,6 @@ enum class FinishReason { none, stop, length, cancelled, error };
 const char* finish_reason_name(FinishReason r);
 
 // What the engine reports after each sampled token (called on the engine thread).
-// What the engine reports after each sampled token (called on the engine thread).
 struct TokenEvent {
   int64_t request_id = 0;
   int32_t token = -1;          // -1 when the event only reports the end

@@ -80,8 +80,8 @@ namespace {
 
 class DraftModel final : public DraftSource {
  public:
-  DraftModel(LoadedModel& m, int target_vocab, SpecAccept accept, int max_batch_tokens)
-      : m_(m), target_vocab_(target_vocab), accept_(accept), max_batch_tokens_(std::max(1, max_batch_tokens)) {}
+  DraftModel(LoadedModel& m, int target_vocab, int max_batch_tokens)
+      : m_(m), target_vocab_(target_vocab), max_batch_tokens_(std::max(1, max_batch_tokens)) {}
   std::string name() const override { return "draft model " + m_.path; }
 
   void reserve(int n_blocks, int block_size) override {
@@ -110,7 +110,7 @@ class DraftModel final : public DraftSource {
       const int L = static_cast<int>(a.seq->tokens.size());
       const int n = std::min(a.n, max_context() - L);
       if (n <= 0) continue;
-      Work w{a.seq, &state(*a.seq), a.seq->tokens, L, a.out, n};
+      Work w{a.seq, &state(*a.seq), a.seq->tokens, L, a.out, n, 0, a.probs};
       if (sync(w) && blocks_->ensure(w.st->blocks, L + n - 1)) work.push_back(std::move(w));
     }
     catch_up(work, true);  // the first draft from the last token's logits
@@ -170,6 +170,7 @@ class DraftModel final : public DraftSource {
     Draft* out;
     int n = 0;
     int computed = 0;
+    bool probs = false;  // draw here and keep q (else the runner samples)
   };
 
   static int common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
@@ -196,8 +197,8 @@ class DraftModel final : public DraftSource {
 
   SeqChunk chunk(Work& w, int start, int n_tokens, bool logits, SampleSpec& spec) {
     SeqChunk c{w.ctx, start, n_tokens, w.st->blocks, logits ? 1 : 0, nullptr};
-    // Residual acceptance of a sampled draft needs its distribution: the row comes back instead.
-    if (logits && !(accept_ == SpecAccept::residual && w.st->sampler.params().temperature > 0.0f)) {
+    // The residual rule needs a sampled draft's distribution: the row comes back instead.
+    if (logits && !w.probs) {
       spec = {&w.st->sampler, w.ctx, std::span<const int32_t>(w.ctx).subspan(w.seq->n_prompt), {}, false};
       c.sample = &spec;
     }
@@ -259,7 +260,6 @@ class DraftModel final : public DraftSource {
 
   LoadedModel& m_;
   int target_vocab_;
-  SpecAccept accept_;
   int max_batch_tokens_;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<model::KvCache> cache_;
@@ -269,13 +269,12 @@ class DraftModel final : public DraftSource {
 
 }  // namespace
 
-std::unique_ptr<DraftSource> make_draft_model(LoadedModel& draft, const LoadedModel& target, SpecAccept accept,
-                                              int max_batch_tokens) {
+std::unique_ptr<DraftSource> make_draft_model(LoadedModel& draft, const LoadedModel& target, int max_batch_tokens) {
   check_draft_tokenizer(draft, target);
   if (draft.config.max_position_embeddings < target.config.max_position_embeddings)
     log::warn("the draft model's context ({} tokens) is shorter than the target's ({}); longer sequences go on "
               "without drafts", draft.config.max_position_embeddings, target.config.max_position_embeddings);
-  return std::make_unique<DraftModel>(draft, target.config.vocab_size, accept, max_batch_tokens);
+  return std::make_unique<DraftModel>(draft, target.config.vocab_size, max_batch_tokens);
 }
 
 // ---- acceptance ------------------------------------------------------------------------------

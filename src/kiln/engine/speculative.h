@@ -39,6 +39,7 @@ struct Draft {
 struct DraftAsk {
   const Sequence* seq = nullptr;  // propose after seq->tokens (the last one has no K/V yet)
   int n = 0;                      // at most this many tokens
+  bool probs = false;             // sampled drafts carry their distributions (the residual rule)
   Draft* out = nullptr;
 };
 
@@ -73,10 +74,8 @@ std::unique_ptr<DraftSource> make_ngram_draft(int min_match = 2, int max_match =
 
 // A second model drafting autoregressively with each request's own sampling parameters, in its
 // own paged KV cache. Fails (naming the first differing token) unless its tokenizer equals the
-// target's; a config vocab_size that differs only in padding is a warning. `accept` decides
-// whether sampled drafts carry their distributions (residual) or are drawn as plain samples.
-std::unique_ptr<DraftSource> make_draft_model(LoadedModel& draft, const LoadedModel& target, SpecAccept accept,
-                                              int max_batch_tokens = 2048);
+// target's; a config vocab_size that differs only in padding is a warning.
+std::unique_ptr<DraftSource> make_draft_model(LoadedModel& draft, const LoadedModel& target, int max_batch_tokens = 2048);
 // The tokenizer check alone (the error make_draft_model raises).
 void check_draft_tokenizer(const LoadedModel& draft, const LoadedModel& target);
 
