@@ -18,7 +18,7 @@ if [ -n "${PREV:-}" ]; then
   carry_pack .devcarry "$build" yes kiln "${tests[@]}" bench/model_bench bench/model_bench_prev
 else
   carry_pack .devcarry "$build" yes kiln "${tests[@]}" bench/model_bench bench/cuda_ceiling_bench \
-    bench/cuda_qgemv_bench bench/cuda_attn_bench "${trace[@]}"
+    bench/cuda_qgemv_bench bench/cuda_attn_bench bench/spec_bench "${trace[@]}"
 fi
 # Every model (the greedy test runs them all) and the PyTorch peers.
 cp -r ../shared/models/. .devcarry/shared/models/

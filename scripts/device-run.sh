@@ -26,6 +26,9 @@
 #            AB_PLANS="MODEL=PLAN ..." picks the models and plans (default: llama-3-8b-q4s=1:128:257);
 #            MODEL is llama-3-8b (bf16) or llama-3-8b-q4s (4-bit g64), both `kiln synth`
 #   first  tests + micro + prep (one call);  second  perf (the next call, on the still-warm machine)
+#   spec   tests, then speculative decoding (bench/spec_bench) on `kiln synth` llama-3-8b bf16: the verify
+#          cost of n = 1..8 at batch 1/8/64, speed against acceptance (a replay draft paying a llama-1b
+#          draft's cost), self-drafting (acceptance 1), prompt lookup on a repetitive prompt
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +70,14 @@ if want ab abtests; then  # the synthetic models, built while the tests run
     done ) > "$OUT/prepare_ab.log" 2>&1 &
   prep_ab=$!
 fi
-if want tests first abtests; then
+if want spec; then  # CPU-bound: the models, built while the GPU runs the tests
+  mkdir -p "$M"
+  ( for sh in llama-3-8b llama-1b; do
+      [ -f "$M/$sh/config.json" ] || kl "$X/bin/kiln" synth --shape $sh --out "$M/$sh" --dtype bf16 --force
+    done ) > "$OUT/prepare_spec.log" 2>&1 &
+  prep_spec=$!
+fi
+if want tests first abtests spec; then
   for t in cuda_ops_test cuda_qops_test cuda_models_test cuda_quantized_model_test cuda_engine_test \
            cuda_sampling_test cuda_speculative_test; do
     el "=== $t"
@@ -165,6 +175,14 @@ if want trace; then
     python3 bench/kernel_timeline.py "$OUT/trace_$m.csv" --first 12 || status=1
     xz -f "$OUT/trace_$m.csv"
   done
+fi
+if [ -n "${prep_spec:-}" ]; then
+  wait $prep_spec || { echo "synth failed"; tail -n 3 "$OUT/prepare_spec.log"; status=1; }
+  sb() { el "=== spec_bench $*"; kl timeout 240 "$X/bin/spec_bench" --device cuda --model "$M/llama-3-8b" "$@" 2>&1 |
+         grep -v "^kiln warn" | tee -a "$OUT/spec_bench.txt"; }
+  sb --draft "$M/llama-1b" --verify-cost 1,8,64 --batch 1,8 --n 3 --oracle 0,0.5,0.7,0.9,1 --max-tokens 128
+  sb --draft "$M/llama-3-8b" --batch 1 --n 1,3 --max-tokens 96
+  sb --ngram --repetitive --batch 1,8 --n 1,2,3,4 --max-tokens 128
 fi
 if [ "$what" = bench ]; then
   # All raw files in /tmp/bench; the ones that matter come back in $OUT (the tool's limit).

@@ -330,38 +330,54 @@ int SpecPolicy::bucket(int batch_size) {
   return std::min(kBuckets - 1, static_cast<int>(std::bit_width(static_cast<unsigned>(std::max(1, batch_size) - 1))));
 }
 
+SpecPolicy::Bucket& SpecPolicy::at(int batch_size) {
+  Bucket& b = buckets_[bucket(batch_size)];
+  if (b.arms.empty()) b.arms.resize(max_n_ + 1);
+  return b;
+}
+
+int SpecPolicy::best(const Bucket& b) {
+  int best = 0;
+  for (int n = 1; n < static_cast<int>(b.arms.size()); ++n)
+    if (b.arms[n].rate > b.arms[best].rate) best = n;
+  return best;
+}
+
 int SpecPolicy::choose(int batch_size) {
   if (max_n_ <= 0) return 0;
-  const int b = bucket(batch_size);
-  std::vector<Arm>& arms = arms_[b];
-  if (arms.empty()) arms.resize(max_n_ + 1);
-  const int step = steps_[b]++;
+  Bucket& b = at(batch_size);
+  ++b.step;
   // First the longest draft and no draft, so both ends are measured.
   for (int n : {max_n_, 0})
-    if (arms[n].count < 2) return n;
-  int best = 0;
-  for (int n = 1; n <= max_n_; ++n)
-    if (arms[n].rate > arms[best].rate) best = n;
-  if (step % kProbeEvery == kProbeEvery - 1) {  // a neighbour, alternately above and below
-    const int up = std::min(max_n_, best + 1), down = std::max(0, best - 1);
-    return (step / kProbeEvery) % 2 ? (up != best ? up : down) : (down != best ? down : up);
+    if (b.arms[n].count < 2) return n;
+  const int top = best(b);
+  if (top != 0 && b.step % kBaselineEvery == 0) return 0;
+  if (b.step >= b.next_probe) {  // a neighbour of the best, alternately above and below
+    const int up = std::min(max_n_, top + 1), down = std::max(0, top - 1);
+    b.probing = (b.step / b.interval) % 2 ? (up != top ? up : down) : (down != top ? down : up);
+    b.next_probe = b.step + b.interval;
+    return b.probing;
   }
-  return best;
+  return top;
 }
 
 void SpecPolicy::record(int batch_size, int n, int tokens, double seconds) {
   if (max_n_ <= 0 || seconds <= 0) return;
-  std::vector<Arm>& arms = arms_[bucket(batch_size)];
-  if (arms.empty()) arms.resize(max_n_ + 1);
-  Arm& a = arms[std::clamp(n, 0, max_n_)];
+  Bucket& b = at(batch_size);
+  Arm& a = b.arms[std::clamp(n, 0, max_n_)];
   const double r = tokens / seconds;
-  a.rate = a.count == 0 ? r : 0.8 * a.rate + 0.2 * r;
+  a.rate = a.count == 0 ? r : 0.7 * a.rate + 0.3 * r;
   ++a.count;
+  if (n != b.probing) return;
+  // A probe that loses waits twice as long before the next (a draft model that skipped steps pays
+  // a catch-up on each probe); one that wins brings probing back to its base rate.
+  b.probing = -1;
+  b.interval = best(b) == n ? kProbeEvery : std::min(kMaxProbeEvery, 2 * b.interval);
+  b.next_probe = b.step + b.interval;
 }
 
 double SpecPolicy::rate(int batch_size, int n) const {
-  const std::vector<Arm>& arms = arms_[bucket(batch_size)];
+  const std::vector<Arm>& arms = buckets_[bucket(batch_size)].arms;
   return n >= 0 && n < static_cast<int>(arms.size()) ? arms[n].rate : 0.0;
 }
-
 }  // namespace kiln::engine

@@ -93,13 +93,14 @@ Verdict accept_greedy(std::span<const int32_t> row_argmax, std::span<const int32
 Verdict accept_sampled(SpecAccept rule, std::span<std::vector<float>> p, const Draft& d, Sampler& sampler);
 
 // Picks the draft length per step from measured throughput: for each batch-size bucket (1, 2,
-// 3-4, ..., 65+), an average of tokens emitted per second for each n in 0..max_n; the best is used
-// and a neighbour is tried every kProbeEvery steps. A compute-bound batch (where verifying extra
+// 3-4, ..., 65+), a moving average of tokens emitted per second for each n in 0..max_n; the best is
+// used, plain decoding (n = 0) every kBaselineEvery steps keeps its rate current, and a neighbour
+// of the best is tried every kProbeEvery steps (twice as rarely after each probe that loses). A compute-bound batch (where verifying extra
 // tokens costs nearly as much as decoding them) or drafts that are rejected make n = 0 the best,
 // so drafting stops by itself; it resumes when a probe measures a gain.
 class SpecPolicy {
  public:
-  static constexpr int kProbeEvery = 32;
+  static constexpr int kProbeEvery = 32, kMaxProbeEvery = 1024, kBaselineEvery = 8;
   explicit SpecPolicy(int max_n) : max_n_(max_n) {}
   // The draft length for a step of batch_size decoding sequences.
   int choose(int batch_size);
@@ -114,9 +115,14 @@ class SpecPolicy {
     double rate = 0;
     int count = 0;
   };
+  struct Bucket {
+    std::vector<Arm> arms;  // [max_n + 1]
+    int step = 0, next_probe = kProbeEvery, interval = kProbeEvery, probing = -1;
+  };
+  Bucket& at(int batch_size);
+  static int best(const Bucket& b);
   int max_n_;
-  std::array<std::vector<Arm>, kBuckets> arms_;
-  std::array<int, kBuckets> steps_{};
+  std::array<Bucket, kBuckets> buckets_;
 };
 
 }  // namespace kiln::engine
