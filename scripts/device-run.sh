@@ -181,7 +181,7 @@ if [ -n "${prep_spec:-}" ]; then
   sb() { el "=== spec_bench $*"; kl timeout 240 "$X/bin/spec_bench" --device cuda --model "$M/llama-3-8b" "$@" 2>&1 |
          grep -v "^kiln warn" | tee -a "$OUT/spec_bench.txt"; }
   sb --draft "$M/llama-1b" --verify-cost 1,8,64 --batch 1,8 --n 3 --oracle 0,0.5,0.7,0.9,1 --max-tokens 128
-  sb --draft "$M/llama-3-8b" --batch 1 --n 1,3 --max-tokens 96
+  sb --draft "$M/llama-3-8b" --batch 1 --n 3 --max-tokens 96
   sb --ngram --repetitive --batch 1,8 --n 1,2,3,4 --max-tokens 128
 fi
 if [ "$what" = bench ]; then
