@@ -353,6 +353,19 @@ for (const [what, args] of [
       }
       assert.equal(plain.usage.draft_n, 0);  // drafting off for that request
 
+      // Stop strings that end a burst early: the text ends where plain decoding's does, streamed too.
+      for (const at of [30, 70, 120]) {
+        const stop = plain.choices[0].text.slice(at, at + 4);
+        const a = await c.completions.create({ ...req, stop: [stop] });
+        const b = await c.completions.create({ ...req, stop: [stop], num_draft_tokens: 0 });
+        assert.equal(a.choices[0].text, b.choices[0].text, JSON.stringify(stop));
+        assert.equal(a.choices[0].finish_reason, 'stop');
+        let streamed = '';
+        for await (const chunk of await c.completions.create({ ...req, stop: [stop], stream: true }))
+          streamed += chunk.choices[0]?.text ?? '';
+        assert.equal(streamed, b.choices[0].text);
+      }
+
       // Streamed chat equals non-streamed, and its usage chunk counts the drafts too.
       const chat = { model: 'stories260K', temperature: 0, max_tokens: 64, messages: [{ role: 'user', content: 'The cat sat' }] };
       const full = await c.chat.completions.create(chat);
