@@ -124,8 +124,8 @@ void Engine::rollback(int64_t id, int k) {
   runner_.rollback(*it->second, k, blocks_);
 }
 
-// Drafts for every decoding sequence that may take some: its next token is due, no prompt
-// logprobs are pending, and at least two tokens are left to generate (a burst never passes
+// Drafts for every decoding sequence that may take some: its prompt is done and its next token
+// due, no prompt logprobs are pending, and at least two tokens are left to generate (a burst never passes
 // max_tokens or the context).
 int Engine::propose_drafts(std::span<const ScheduledChunk> sched, std::vector<SeqChunk>& chunks,
                            std::vector<SampleSpec>& specs, std::vector<Draft>& drafts, int* batch) {
@@ -134,7 +134,8 @@ int Engine::propose_drafts(std::span<const ScheduledChunk> sched, std::vector<Se
   if (!src || cfg_.spec.num_draft_tokens <= 0) return -1;
   auto decoding = [&](size_t i) {
     const Sequence& s = *sched[i].seq;
-    return chunks[i].sample && chunks[i].n_tokens == 1 && s.num_draft_tokens != 0 && !wants_prompt_logprobs(s);
+    return chunks[i].sample && chunks[i].n_tokens == 1 && s.n_generated() > 0 && s.num_draft_tokens != 0 &&
+           !wants_prompt_logprobs(s);
   };
   int n_decoding = 0;
   for (size_t i = 0; i < sched.size(); ++i) n_decoding += decoding(i);

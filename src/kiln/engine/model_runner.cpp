@@ -20,11 +20,6 @@ enum class Pick {
   device_sample,  // the device sampler draws (Backend::sample_rows), after the graph
 };
 
-bool plain_greedy(const SamplingParams& p) {
-  return p.temperature <= 0.0f && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f;
-}
-
 Pick choose_pick(std::span<const SeqChunk> chunks, const backend::Caps& caps, const RunnerConfig& cfg) {
   if (!caps.device_sampling) return Pick::host;
   bool greedy = true, verify = false;
@@ -64,12 +59,11 @@ void add_device_row(const SampleSpec& s, int row, std::vector<backend::SamplePar
 
 // Tokens per sequence when every chunk runs q tokens and wants all q logit rows (a decode step: q
 // = 1; a speculative verify where every sequence drafted q - 1), else 0. Such steps are graphed.
-constexpr int kMaxGraphedQ = 17;  // verifies of up to 16 drafts
 int uniform_q(std::span<const SeqChunk> chunks) {
   const int q = chunks.empty() ? 0 : chunks[0].n_tokens;
   for (const SeqChunk& c : chunks)
     if (c.n_tokens != q || c.n_logits != q) return 0;
-  return q <= kMaxGraphedQ ? q : 0;
+  return q <= ModelRunner::kMaxUniformTokens ? q : 0;
 }
 
 // A uniform batch of q tokens per sequence (all with logits) padded to the next bucket of

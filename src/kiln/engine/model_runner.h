@@ -73,6 +73,9 @@ struct RunnerConfig {
 
 class ModelRunner {
  public:
+  // Steps where every chunk runs the same q <= this many tokens, all with logits (decodes, verifies
+  // of up to 16 drafts), are padded to graph buckets and replayed as graphs.
+  static constexpr int kMaxUniformTokens = 17;
   ModelRunner(model::Model& m, model::KvCache& cache, RunnerConfig cfg = {});
   int block_size() const { return cache_.block_size; }
   // One step over the chunks (at least one token in all); K/V of every run position are written.

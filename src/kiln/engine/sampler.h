@@ -29,6 +29,12 @@ struct SamplingParams {
 // (logit_bias and the penalties' token counts travel separately, as LogitAdjust entries).
 backend::SampleParams device_sample_params(const SamplingParams& p, double uniform);
 
+// Greedy without logit bias or penalties: the argmax of the raw logits (the device takes it).
+inline bool plain_greedy(const SamplingParams& p) {
+  return p.temperature <= 0.0f && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams p);

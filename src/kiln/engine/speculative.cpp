@@ -201,6 +201,10 @@ class DraftModel final : public DraftSource {
     if (logits && !w.probs) {
       spec = {&w.st->sampler, w.ctx, std::span<const int32_t>(w.ctx).subspan(w.seq->n_prompt), {}, false};
       c.sample = &spec;
+      // A greedy catch-up of a few tokens asks every row's argmax, as a verify does: a batch of
+      // such chunks is uniform, so it replays a graph like decode (the last row is the draft).
+      if (n_tokens > 1 && n_tokens <= ModelRunner::kMaxUniformTokens && plain_greedy(w.st->sampler.params()))
+        c.n_logits = n_tokens, c.verify = true;
     }
     w.computed = start + n_tokens;
     return c;
@@ -239,9 +243,10 @@ class DraftModel final : public DraftSource {
   // the row's distribution, which is kept for the residual rule).
   void take_drafts(std::span<Work* const> ws, std::span<const SeqChunk> chunks, const StepOutput& out) {
     for (size_t i = 0; i < ws.size(); ++i) {
-      if (chunks[i].n_logits == 0) continue;
+      if (chunks[i].n_logits == 0) continue;  // (a catch-up cut by the token budget)
       Work& w = *ws[i];
-      int32_t tok = out.tokens[i];
+      const int last = out.first_row[i] + chunks[i].n_logits - 1;
+      int32_t tok = !chunks[i].verify ? out.tokens[i] : out.row_ids.empty() ? argmax(out.row(last)) : out.row_ids[last];
       if (!chunks[i].sample) {
         std::vector<float> q;
         w.st->sampler.distribution(out.row(out.first_row[i]), w.ctx, std::span<const int32_t>(w.ctx).subspan(w.seq->n_prompt), q);
