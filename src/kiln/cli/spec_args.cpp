@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "kiln/base/log.h"
+
 namespace kiln::cli {
 
 void SpecArgs::add_to(CLI::App* cmd, int default_n) {
@@ -47,6 +49,8 @@ Drafter SpecArgs::load(const engine::LoadedModel& target, const engine::LoadOpti
       fail("speculative", "cannot load the --draft-model: {}", e.what());
     }
     d.source = engine::make_draft_model(*d.model, target, max_batch_tokens);
+    log::info("draft model {}: {:.2f} GB of weights, {:.1f} KB of KV per token", d.model->path,
+              d.source->weight_bytes() / 1e9, d.source->kv_bytes(1) / 1e3);
   }
   return d;
 }

@@ -381,8 +381,4 @@ void SpecPolicy::record(int batch_size, int n, int tokens, double seconds) {
   b.next_probe = b.step + b.interval;
 }
 
-double SpecPolicy::rate(int batch_size, int n) const {
-  const std::vector<Arm>& arms = buckets_[bucket(batch_size)].arms;
-  return n >= 0 && n < static_cast<int>(arms.size()) ? arms[n].rate : 0.0;
-}
 }  // namespace kiln::engine

@@ -106,7 +106,6 @@ class SpecPolicy {
   int choose(int batch_size);
   // A decode step (no prefill) with this batch size and draft length emitted `tokens` in `seconds`.
   void record(int batch_size, int n, int tokens, double seconds);
-  double rate(int batch_size, int n) const;  // tokens/s measured (0: not yet)
 
  private:
   static constexpr int kBuckets = 8;
