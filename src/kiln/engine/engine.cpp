@@ -219,7 +219,7 @@ int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
   s->draft_n += n;
   stats_.draft_tokens += n;
   ++stats_.verifies;
-  // K/V stand for the pending token and the accepted drafts; the blocks that holds only them may
+  // K/V stand for the pending token and the accepted drafts; the blocks that hold only them may
   // enter the prefix cache (rejected positions lie past n_computed and are rewritten later).
   s->n_computed = L + v.n_accepted;
   blocks_.commit(s->tokens, s->n_computed, s->blocks, s->block_hashes, s->n_committed_blocks);
