@@ -33,6 +33,8 @@ std::unique_ptr<LoadedModel> load(const std::string& name) {
   return load_model(shared_dir() + "/models/" + name, {.device = KILN_SPEC_DEVICE});
 }
 
+}  // namespace
+
 class KILN_SPEC_SUITE : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -40,6 +42,8 @@ class KILN_SPEC_SUITE : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
   }
 };
+
+namespace {
 
 struct Models {
   std::unique_ptr<LoadedModel> target = load("stories260K");

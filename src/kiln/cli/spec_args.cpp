@@ -26,7 +26,7 @@ void SpecArgs::add_to(CLI::App* cmd, int default_n) {
   cmd->add_option("--num-draft-tokens", num_draft_tokens,
                   "With --draft-model or --spec-ngram: at most N draft tokens per sequence and step (0 = no drafting); "
                   "the engine picks 0..N per step from measured speed")
-      ->check(CLI::Range(0, 16))->capture_default_str();
+      ->check(CLI::Range(0, engine::kMaxDraftTokens))->capture_default_str();
   cmd->add_option("--spec-accept", accept_rule,
                   "How sampled (temp > 0) requests accept draft tokens: residual (accept with min(1, p/q), else draw "
                   "from the residual; more accepted) or exact (mlx-lm: accept while the target's own sample equals the "

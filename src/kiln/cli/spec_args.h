@@ -29,7 +29,6 @@ struct SpecArgs {
 
   // default_n: mlx-lm's default for the command (generate 2, server 3).
   void add_to(CLI::App* cmd, int default_n);
-  bool enabled() const { return !draft_model.empty() || ngram; }
   // Loads the draft model (on the target's device, checked against its tokenizer) or builds the
   // lookup source. Throws kiln::Error with nothing left loaded. max_batch_tokens: the engine's.
   Drafter load(const engine::LoadedModel& target, const engine::LoadOptions& opt, int max_batch_tokens) const;

@@ -58,8 +58,8 @@ Engine::Engine(model::Model& model, EngineConfig cfg)
       scheduler_(cfg.scheduler, blocks_),
       context_length_(model.config().max_position_embeddings),
       policy_(cfg.spec.draft ? cfg.spec.num_draft_tokens : 0) {
-  if (cfg_.spec.num_draft_tokens < 0 || cfg_.spec.num_draft_tokens > 16)
-    fail("engine", "num_draft_tokens is {}; it must be 0..16", cfg_.spec.num_draft_tokens);
+  if (cfg_.spec.num_draft_tokens < 0 || cfg_.spec.num_draft_tokens > kMaxDraftTokens)
+    fail("engine", "num_draft_tokens is {}; it must be 0..{}", cfg_.spec.num_draft_tokens, kMaxDraftTokens);
 }
 
 Engine::~Engine() {
@@ -206,15 +206,18 @@ int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
   if (!out.row_ids.empty()) {
     v = accept_greedy(std::span<const int32_t>(out.row_ids).subspan(row, n + 1), d.tokens);
   } else {
-    std::vector<std::vector<float>> p(n + 1);
-    std::vector<int32_t> ids(n + 1);
+    std::vector<std::vector<float>> p(n + 1);  // (greedy: one-hot at each row's argmax)
     for (int j = 0; j <= n; ++j) {
       const std::span<const int32_t> ctx = all.first(L + j);
       s->sampler.distribution(out.row(row + j), ctx, ctx.subspan(s->n_prompt), p[j]);
-      ids[j] = argmax(p[j]);
     }
-    v = s->sampler.params().temperature > 0.0f ? accept_sampled(cfg_.spec.accept, p, d, s->sampler)
-                                              : accept_greedy(ids, d.tokens);
+    if (s->sampler.params().temperature > 0.0f) {
+      v = accept_sampled(cfg_.spec.accept, p, d, s->sampler);
+    } else {
+      std::vector<int32_t> ids(n + 1);
+      for (int j = 0; j <= n; ++j) ids[j] = argmax(p[j]);
+      v = accept_greedy(ids, d.tokens);
+    }
   }
   s->draft_n += n;
   stats_.draft_tokens += n;

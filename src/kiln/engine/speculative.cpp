@@ -99,6 +99,7 @@ class DraftModel final : public DraftSource {
       if (sync(w)) work.push_back(std::move(w));
     }
     catch_up(work, false);
+    store(work);
   }
 
   void propose(std::span<const DraftAsk> asks) override {
@@ -128,13 +129,9 @@ class DraftModel final : public DraftSource {
       }
       take_drafts(round, chunks, runner_->run(chunks));
     }
-    for (Work& w : work) w.st->tokens.assign(w.ctx.begin(), w.ctx.begin() + w.computed);
+    store(work);
   }
-
-  void commit(const Sequence& s, int, int) override {
-    auto it = states_.find(s.id);
-    if (it != states_.end()) it->second.tokens.resize(common_prefix(it->second.tokens, s.tokens));
-  }
+  // (commit: nothing to do; the next sync keeps the prefix that still agrees with the sequence.)
 
   void forget(int64_t seq_id) override {
     auto it = states_.find(seq_id);
@@ -235,8 +232,11 @@ class DraftModel final : public DraftSource {
       StepOutput out = runner_->run(chunks);
       if (draft) take_drafts(batch, chunks, out);
     }
-    if (!draft)
-      for (Work& w : work) w.st->tokens.assign(w.ctx.begin(), w.ctx.begin() + w.computed);
+  }
+
+  // What each sequence's cache now holds: its context up to the last position run.
+  static void store(std::vector<Work>& work) {
+    for (Work& w : work) w.st->tokens.assign(w.ctx.begin(), w.ctx.begin() + w.computed);
   }
 
   // The draft token of every chunk that asked for logits (sampled by the runner, or drawn here from
@@ -247,19 +247,20 @@ class DraftModel final : public DraftSource {
       Work& w = *ws[i];
       const int last = out.first_row[i] + chunks[i].n_logits - 1;
       int32_t tok = !chunks[i].verify ? out.tokens[i] : out.row_ids.empty() ? argmax(out.row(last)) : out.row_ids[last];
+      std::vector<float> q;
       if (!chunks[i].sample) {
-        std::vector<float> q;
-        w.st->sampler.distribution(out.row(out.first_row[i]), w.ctx, std::span<const int32_t>(w.ctx).subspan(w.seq->n_prompt), q);
+        w.st->sampler.distribution(out.row(last), w.ctx, std::span<const int32_t>(w.ctx).subspan(w.seq->n_prompt), q);
         tok = w.st->sampler.draw(q);
-        q.resize(target_vocab_, 0.0f);  // (a padded draft vocabulary: its extra ids are never drawn)
-        w.out->probs.push_back(std::move(q));
       }
       if (tok >= target_vocab_) {  // a padding id: the draft ends before it
         w.n = static_cast<int>(w.out->tokens.size());
-        if (!w.out->probs.empty() && w.out->probs.size() > w.out->tokens.size()) w.out->probs.pop_back();
         continue;
       }
       w.out->tokens.push_back(tok);
+      if (!q.empty()) {
+        q.resize(target_vocab_, 0.0f);  // over the target's ids (a draft's padding ids hold no mass here)
+        w.out->probs.push_back(std::move(q));
+      }
     }
   }
 

@@ -23,6 +23,10 @@ struct Sequence;
 
 // How a sampled (temperature > 0) target accepts a draft token. Both keep the target's
 // distribution exactly; greedy requests accept on an exact match under either.
+// The most draft tokens a sequence may take per step (flags, requests): a verify of 1 + 16 rows is
+// still a uniform, graphed step.
+constexpr int kMaxDraftTokens = ModelRunner::kMaxUniformTokens - 1;
+
 enum class SpecAccept {
   residual,  // accept d with min(1, p(d)/q(d)), else draw from norm(max(0, p - q)) (Leviathan et al.)
   exact,     // mlx-lm: draw y ~ p at each position, accept while y == d (fewer accepted)

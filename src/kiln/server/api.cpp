@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kiln/engine/speculative.h"
+
 namespace kiln::server {
 
 ApiError::ApiError(int status_, std::string message, std::string param_, std::string code_, std::string type_)
@@ -166,7 +168,7 @@ void parse_common(const OrderedJson& b, const ApiLimits& lim, CompletionRequest&
     r.include_usage = boolean(*so, "include_usage").value_or(false);
   }
   r.return_token_ids = boolean(b, "return_token_ids").value_or(false);
-  r.num_draft_tokens = static_cast<int>(integer(b, "num_draft_tokens", 0, 16).value_or(-1));
+  r.num_draft_tokens = static_cast<int>(integer(b, "num_draft_tokens", 0, engine::kMaxDraftTokens).value_or(-1));
   string(b, "user");
   if (const OrderedJson* rf = field(b, "response_format")) {
     if (!rf->is_object() || rf->value("type", "") != "text")
