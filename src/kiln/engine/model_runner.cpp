@@ -93,8 +93,7 @@ void pad_uniform_batch(model::Batch& b, int q, std::vector<backend::SampleParams
 // the graph opens may change freely.
 uint64_t graph_key(const model::StepInputs& in, const model::KvCache& cache, bool argmax) {
   uint64_t key = 0;
-  for (size_t l = 0; l < cache.k.size(); ++l)
-    key = key * 1000003u + reinterpret_cast<uintptr_t>(cache.k[l].data) + 7 * reinterpret_cast<uintptr_t>(cache.v[l].data);
+  for (const Tensor* t : cache.planes()) key = key * 1000003u + reinterpret_cast<uintptr_t>(t->data);
   key = key * 1000003u + static_cast<uint64_t>(in.n_tokens);
   key = key * 1000003u + static_cast<uint64_t>(in.n_out);
   key = key * 1000003u + static_cast<uint64_t>(in.n_seqs);
@@ -202,10 +201,9 @@ void ModelRunner::rollback(Sequence& s, int k, BlockManager& blocks) {
   // s continues in a private copy of a block another sequence still reads.
   backend::Backend& be = model_.backend();
   const int32_t mine = s.blocks[s.n_computed / cache_.block_size];
-  for (size_t l = 0; l < cache_.k.size(); ++l) {
-    Tensor dk = cache_.k[l].slice_rows(mine, mine + 1), dv = cache_.v[l].slice_rows(mine, mine + 1);
-    be.copy(cache_.k[l].slice_rows(shared, shared + 1), dk);
-    be.copy(cache_.v[l].slice_rows(shared, shared + 1), dv);
+  for (Tensor* t : cache_.planes()) {
+    Tensor dst = t->slice_rows(mine, mine + 1);
+    be.copy(t->slice_rows(shared, shared + 1), dst);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "kiln/quant/affine.h"
 
@@ -231,9 +232,23 @@ KvCache KvCache::allocate(backend::Backend& be, const ModelConfig& c, int n_bloc
 
 size_t KvCache::bytes() const {
   size_t b = 0;
-  for (auto& t : k) b += t.nbytes();
-  for (auto& t : v) b += t.nbytes();
+  for (const Tensor* t : planes()) b += t->nbytes();
   return b;
+}
+
+std::vector<const Tensor*> KvCache::planes() const {
+  std::vector<const Tensor*> p;
+  for (size_t l = 0; l < k.size(); ++l) {
+    p.push_back(&k[l]);
+    p.push_back(&v[l]);
+  }
+  return p;
+}
+
+std::vector<Tensor*> KvCache::planes() {
+  std::vector<Tensor*> p;
+  for (const Tensor* t : std::as_const(*this).planes()) p.push_back(const_cast<Tensor*>(t));
+  return p;
 }
 
 }  // namespace kiln::model

@@ -45,6 +45,11 @@ struct KvCache {
   std::vector<Tensor> k, v;  // [n_layers]
   static KvCache allocate(backend::Backend& be, const ModelConfig& c, int n_blocks, int block_size);
   size_t bytes() const;
+  // Every tensor that holds per-block state, each [n_blocks, ...] (block b is slice_rows(b, b + 1)),
+  // in a fixed order: layer by layer, K then V. Copying a block, saving it to a file or loading it
+  // back goes through this list, so a cache layout with more planes extends only this.
+  std::vector<Tensor*> planes();
+  std::vector<const Tensor*> planes() const;
 };
 
 class Model {
