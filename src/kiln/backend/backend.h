@@ -172,6 +172,9 @@ class Backend {
   virtual void softcap(Tensor& x, float cap) = 0;
   // out[i] = x[rows[i]]: rows i32 [n_out], x [n, d], out [n_out, d].
   virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
+  // dst[rows[i]] = src[i]: rows i32 [n_src] (distinct), src [n_src, d], dst [n, d], any dtype (byte
+  // copies; gather_rows' inverse). Moves KV blocks between the cache and a staging buffer.
+  virtual void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
   // dst[rows[i]] += weights[i] * src[i] for i in order (rows may repeat): src [m, d] act dtype,
   // rows i32 [m], weights f32 [m], dst [n, d]. Combines MoE expert outputs.
   virtual void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) = 0;

@@ -111,6 +111,12 @@ void gather_rows(const char* who, const Tensor& x, const Tensor& rows, const Ten
          dtype_name(x.dtype), shape_str(x.shape));
 }
 
+void scatter_rows(const char* who, const Tensor& src, const Tensor& rows, const Tensor& dst) {
+  if (src.dtype != dst.dtype || src.numel() != rows.numel() * dst.cols())
+    fail(who, "scatter_rows: src {} {} for {} rows of {} {}", dtype_name(src.dtype), shape_str(src.shape), rows.numel(),
+         dtype_name(dst.dtype), shape_str(dst.shape));
+}
+
 void copy(const char* who, const Tensor& src, const Tensor& dst) {
   if (src.dtype != dst.dtype || src.numel() != dst.numel())
     fail(who, "copy: {} {} into {} {}", dtype_name(src.dtype), shape_str(src.shape), dtype_name(dst.dtype),

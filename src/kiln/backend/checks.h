@@ -47,6 +47,7 @@ void gated_act(const char* who, const Tensor& gate, const Tensor& up, const Tens
 void add(const char* who, const Tensor& a, const Tensor& b, const Tensor& y);
 void softcap(const char* who, float cap);
 void gather_rows(const char* who, const Tensor& x, const Tensor& rows, const Tensor& out);
+void scatter_rows(const char* who, const Tensor& src, const Tensor& rows, const Tensor& dst);
 void copy(const char* who, const Tensor& src, const Tensor& dst);
 
 }  // namespace kiln::backend::checks

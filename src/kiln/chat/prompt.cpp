@@ -29,7 +29,27 @@ Prompt Renderer::render(const OrderedJson& messages, const OrderedJson& kwargs, 
     add_generation_prompt = it->get<bool>();
     extra.erase(it);
   }
-  return {tmpl_->render(messages, nullptr, add_generation_prompt, extra), false};
+  bool continue_final = false;
+  if (auto it = extra.find("continue_final_message"); it != extra.end()) {
+    if (!it->is_boolean()) fail("template", "\"continue_final_message\" must be a boolean");
+    continue_final = it->get<bool>();
+    extra.erase(it);
+  }
+  std::string text = tmpl_->render(messages, nullptr, add_generation_prompt, extra);
+  if (continue_final) {
+    // As transformers: the text ends right after the last message's (stripped) content, so that
+    // whatever comes next continues that message.
+    if (add_generation_prompt) fail("template", "continue_final_message and add_generation_prompt exclude each other");
+    if (messages.empty()) fail("template", "continue_final_message needs a message to continue");
+    std::string last = messages.back().value("content", "");
+    const size_t b = last.find_first_not_of(" \t\n\r"), e = last.find_last_not_of(" \t\n\r");
+    last = b == std::string::npos ? std::string() : last.substr(b, e - b + 1);
+    const size_t at = text.rfind(last);
+    if (at == std::string::npos)
+      fail("template", "continue_final_message: the template does not write the last message's content verbatim");
+    text.resize(at + last.size());
+  }
+  return {std::move(text), false};
 }
 
 Renderer TemplatePolicy::load(const std::string& model_path, const tokenizer::Tokenizer* tok) const {

@@ -37,7 +37,8 @@ class Renderer {
   const ChatTemplate* chat_template() const { return tmpl_ ? &*tmpl_ : nullptr; }
 
   // messages (OpenAI shape, content strings) -> prompt. kwargs (a JSON object) may set
-  // add_generation_prompt (a boolean, default true). Errors: kiln::Error "[template] ...".
+  // add_generation_prompt (a boolean, default true) and continue_final_message (transformers':
+  // the text stops after the last message's content). Errors: kiln::Error "[template] ...".
   // The fallback ignores kwargs.
   Prompt render(const OrderedJson& messages, const OrderedJson& kwargs = OrderedJson::object(),
                 Fallback fallback = Fallback::join_lines) const;

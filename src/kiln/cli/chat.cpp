@@ -11,6 +11,7 @@
 #include "kiln/cli/commands.h"
 #include "kiln/cli/model_args.h"
 #include "kiln/cli/prompt_args.h"
+#include "kiln/cli/prompt_cache_args.h"
 #include "kiln/cli/spec_args.h"
 #include "kiln/engine/engine.h"
 #include "kiln/engine/kv_sizing.h"
@@ -26,13 +27,16 @@ struct ChatOptions {
   ModelArgs model;
   ChatArgs chat;
   SpecArgs spec;
+  PromptCacheArgs prompt_cache;
   int max_tokens = 256;
   float temp = 0.0f, top_p = 1.0f;
   std::optional<uint64_t> seed;
   bool verbose = false;
 };
 
-std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::LoadedModel& m, const Drafter& drafter) {
+// With a prompt cache file, its K/V are in the new engine's prefix cache.
+std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::LoadedModel& m, const Drafter& drafter,
+                                            const std::optional<kvstore::PromptCache>& cached) {
   engine::EngineConfig ec;
   o.spec.apply_to(ec, drafter);
   ec.scheduler.max_seqs = 1;
@@ -41,7 +45,11 @@ std::unique_ptr<engine::Engine> make_engine(const ChatOptions& o, engine::Loaded
   // A whole conversation in the prefix cache.
   ec.prompt_cache_bytes = engine::kv_bytes_per_block(*m.model, ec.block_size) * ec.n_blocks;
   o.model.apply_to(ec);  // --kv-cache-bytes replaces the count above; the GPU budget caps it
-  return std::make_unique<engine::Engine>(*m.model, ec);
+  ec.model_key = m.cache_key();
+  if (cached) reserve_prompt_cache(*cached, m, ec.block_size, ec);
+  auto eng = std::make_unique<engine::Engine>(*m.model, ec);
+  if (cached) import_prompt_cache(*cached, o.prompt_cache.file, *eng);
+  return eng;
 }
 
 void run_chat(const ChatOptions& o) {
@@ -49,14 +57,16 @@ void run_chat(const ChatOptions& o) {
   chat::Renderer render = o.chat.load(m->path, m->tokenizer.get());
   // Outlives every engine below (each points at it); a /reset engine reserves its KV afresh.
   const Drafter drafter = o.spec.load(*m, o.model.load_options(), engine::SchedulerConfig{}.max_batch_tokens);
-  auto eng = make_engine(o, *m, drafter);
+  // A conversation that continues a cached prompt: its tokens come first in every turn.
+  const std::optional<kvstore::PromptCache> cached = o.prompt_cache.load(*m);
+  auto eng = make_engine(o, *m, drafter, cached);
   OrderedJson messages;
   std::vector<int32_t> history;  // tokens the engine has seen: every prompt and answer so far (no EOS)
   std::string history_text;      // the rendered text those tokens stand for
   auto reset = [&] {
     history.clear();
     history_text.clear();
-    messages = o.chat.start();
+    messages = cached ? OrderedJson::array() : o.chat.start();  // (a cached prompt holds its own start)
   };
   reset();
 
@@ -82,7 +92,7 @@ void run_chat(const ChatOptions& o) {
     if (line == "/exit" || line == "/quit") return;
     if (line == "/reset") {
       reset();
-      eng = make_engine(o, *m, drafter);  // a fresh KV cache: nothing of the old conversation is reused
+      eng = make_engine(o, *m, drafter, cached);  // a fresh KV cache: nothing of the old conversation is reused
       std::printf("[conversation reset]\n");
       continue;
     }
@@ -92,13 +102,16 @@ void run_chat(const ChatOptions& o) {
     // Without a template each message is its content and a newline (not joined by newlines as
     // the server's fallback), so an answer continues the text that asked for it.
     chat::Prompt text = render.render(messages, OrderedJson::object(), chat::Fallback::line_per_message);
+    if (cached) text = {text_after_cache(render, text.text), false};
     std::vector<int32_t> ids;
     if (!history.empty() && text.text.compare(0, history_text.size(), history_text) == 0) {
       ids = history;  // an exact extension: the prefix cache holds these tokens' KV
       auto rest = m->tokenizer->encode(std::string_view(text.text).substr(history_text.size()), false);
       ids.insert(ids.end(), rest.begin(), rest.end());
     } else {
-      ids = m->tokenizer->encode(text.text, text.add_special_tokens);
+      if (cached) ids = cached->tokens;
+      const std::vector<int32_t> rest = m->tokenizer->encode(text.text, text.add_special_tokens);
+      ids.insert(ids.end(), rest.begin(), rest.end());
     }
     engine::Request r;
     r.prompt = ids;
@@ -163,6 +176,7 @@ void add_chat(CLI::App& app) {
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed");
   o->spec.add_to(cmd, 2);  // as kiln generate (mlx_lm.generate's default)
+  o->prompt_cache.add_to(cmd);
   cmd->add_flag("--verbose", o->verbose,
                 "After each answer, print prompt tokens reused from the cache vs prefilled and, when drafting, the "
                 "answer's drafts accepted");

@@ -12,5 +12,6 @@ void add_serve(CLI::App& app);
 void add_apply_template(CLI::App& app);
 void add_convert(CLI::App& app);
 void add_perplexity(CLI::App& app);
+void add_cache_prompt(CLI::App& app);
 
 }  // namespace kiln::cli

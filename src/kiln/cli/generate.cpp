@@ -8,6 +8,7 @@
 #include "kiln/cli/commands.h"
 #include "kiln/cli/model_args.h"
 #include "kiln/cli/prompt_args.h"
+#include "kiln/cli/prompt_cache_args.h"
 #include "kiln/cli/spec_args.h"
 #include "kiln/engine/engine.h"
 
@@ -24,6 +25,7 @@ struct GenerateArgs {
   std::optional<uint64_t> seed;
   ChatArgs chat;
   SpecArgs spec;
+  PromptCacheArgs prompt_cache;
   bool verbose = false;
 };
 
@@ -34,10 +36,19 @@ void run_generate(const GenerateArgs& a) {
   // As mlx_lm.generate: the chat template (when the model has one) wraps the prompt as a user turn.
   // Without one the fallback renders that turn alone: the raw prompt, with BOS.
   chat::Renderer render = a.chat.load(m->path, m->tokenizer.get());
-  OrderedJson messages = render.chat_template() ? a.chat.start() : OrderedJson::array();
-  messages.push_back({{"role", "user"}, {"content", prompt}});
-  chat::Prompt text = render.render(messages);
-  std::vector<int32_t> ids = m->tokenizer->encode(text.text, text.add_special_tokens);
+  const std::optional<kvstore::PromptCache> cached = a.prompt_cache.load(*m);
+  std::vector<int32_t> ids;
+  if (cached) {  // the file's tokens, then the new prompt as their continuation
+    ids = cached->tokens;
+    const std::string turn = render.render(OrderedJson::array({{{"role", "user"}, {"content", prompt}}})).text;
+    const std::vector<int32_t> rest = m->tokenizer->encode(text_after_cache(render, turn), false);
+    ids.insert(ids.end(), rest.begin(), rest.end());
+  } else {
+    OrderedJson messages = render.chat_template() ? a.chat.start() : OrderedJson::array();
+    messages.push_back({{"role", "user"}, {"content", prompt}});
+    chat::Prompt text = render.render(messages);
+    ids = m->tokenizer->encode(text.text, text.add_special_tokens);
+  }
   if (ids.empty()) {  // an empty prompt with no BOS to add: start from BOS if the model has one
     auto bos = m->config.bos_id ? m->config.bos_id : m->tokenizer->bos_id();
     if (!bos) fail("generate", "the prompt is empty and the model has no BOS token; give --prompt");
@@ -54,7 +65,10 @@ void run_generate(const GenerateArgs& a) {
   const int n_tokens = std::min<int>(m->config.max_position_embeddings, static_cast<int>(ids.size()) + a.max_tokens + n_draft);
   ec.n_blocks = (n_tokens + ec.block_size) / ec.block_size + 1;
   a.model.apply_to(ec);  // --kv-cache-bytes replaces the count above; the GPU budget caps it
+  ec.model_key = m->cache_key();
+  if (cached) reserve_prompt_cache(*cached, *m, ec.block_size, ec);
   engine::Engine eng(*m->model, ec);
+  if (cached) import_prompt_cache(*cached, a.prompt_cache.file, eng);
 
   engine::Request r;
   r.prompt = ids;
@@ -67,11 +81,14 @@ void run_generate(const GenerateArgs& a) {
   r.sampling.repetition_penalty = a.repetition_penalty;
   r.sampling.seed = a.seed;
   tokenizer::StreamDecoder detok(*m->tokenizer, true);
-  int n_generated = 0;
+  int n_generated = 0, n_cached = 0;
   auto t_first = std::chrono::steady_clock::now();
   r.on_event = [&](const engine::TokenEvent& e) {
     if (e.token < 0) return;
-    if (n_generated++ == 0) t_first = std::chrono::steady_clock::now();
+    if (n_generated++ == 0) {
+      t_first = std::chrono::steady_clock::now();
+      n_cached = e.n_cached;
+    }
     if (e.reason == engine::FinishReason::stop) return;  // EOS is not printed
     std::string text = detok.push(e.token);
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -89,7 +106,13 @@ void run_generate(const GenerateArgs& a) {
     double prompt_s = std::chrono::duration<double>(t_first - t0).count();
     double gen_s = std::chrono::duration<double>(t_end - t_first).count();
     std::fprintf(stdout, "==========\n");
-    std::fprintf(stdout, "Prompt: %zu tokens, %.3f tokens-per-sec\n", ids.size(), ids.size() / std::max(prompt_s, 1e-9));
+    // Speed over the tokens computed (those after a --prompt-cache-file's are all of them but the cached).
+    const size_t computed = ids.size() - n_cached;
+    if (n_cached > 0)
+      std::fprintf(stdout, "Prompt: %zu tokens (%d from the cache), %zu computed, %.3f tokens-per-sec\n", ids.size(),
+                   n_cached, computed, computed / std::max(prompt_s, 1e-9));
+    else
+      std::fprintf(stdout, "Prompt: %zu tokens, %.3f tokens-per-sec\n", ids.size(), ids.size() / std::max(prompt_s, 1e-9));
     std::fprintf(stdout, "Generation: %d tokens, %.3f tokens-per-sec\n", n_generated,
                  n_generated > 1 ? (n_generated - 1) / std::max(gen_s, 1e-9) : 0.0);
     if (drafter.source) {
@@ -120,6 +143,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-chat-template", a->chat.ignore_chat_template, "Use the raw prompt, without the model's chat template");
   a->chat.add_to(cmd);
   a->spec.add_to(cmd, 2);  // mlx_lm.generate's default
+  a->prompt_cache.add_to(cmd);
   cmd->add_flag("--verbose", a->verbose,
                 "Print prompt and generation speed, peak memory and, when drafting, how many drafts were accepted");
   cmd->callback([a] { run_generate(*a); });

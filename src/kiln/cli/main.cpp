@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_apply_template(app);
   kiln::cli::add_convert(app);
   kiln::cli::add_perplexity(app);
+  kiln::cli::add_cache_prompt(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -28,6 +28,7 @@ struct ServeArgs {
   int top_k = 0, max_tokens = 512;
   int batch = 8, max_batch_tokens = 2048;
   size_t prompt_cache_bytes = 2ull << 30;
+  kvstore::SsdConfig ssd;
 };
 
 server::Server* g_server = nullptr;
@@ -48,6 +49,9 @@ void run_serve(ServeArgs& a) {
   ec.scheduler.max_batch_tokens = a.max_batch_tokens;
   a.model.apply_to(ec);  // --kv-cache-bytes, --gpu-memory-utilization
   ec.prompt_cache_bytes = a.prompt_cache_bytes;
+  ec.model_key = m->cache_key();  // the SSD tier's blocks match this model and tokenizer only
+  ec.ssd = a.ssd;
+  ec.model_name = m->path;
   // Loaded (and its tokenizer checked) before the server binds; declared before the engine, which points at it.
   const Drafter drafter = a.spec.load(*m, a.model.load_options(), a.max_batch_tokens);
   a.spec.apply_to(ec, drafter);
@@ -109,6 +113,12 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget per engine step (prefill chunks + decodes)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--prompt-cache-bytes", a->prompt_cache_bytes, "Prefix cache size in bytes (0 = off)")->capture_default_str();
+  cmd->add_option("--ssd-cache-dir", a->ssd.dir,
+                  "Keep the prefix cache's KV blocks on disk in this folder too (one subfolder per model and KV "
+                  "layout): a later server, after a restart, reads them back instead of recomputing the prompt");
+  cmd->add_option("--ssd-cache-bytes", a->ssd.max_bytes,
+                  "Size budget of --ssd-cache-dir's model folder; least recently used blocks are deleted past it")
+      ->capture_default_str();
   a->spec.add_to(cmd, 3);  // mlx_lm.server's default; a request's num_draft_tokens may lower it
   cmd->add_option("--api-key", h.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--cors-origin", h.cors_origin, "Send CORS headers allowing this origin (e.g. '*')");

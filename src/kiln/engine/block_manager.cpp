@@ -104,6 +104,21 @@ int32_t BlockManager::truncate(std::vector<int32_t>& blocks, int64_t n_tokens, s
   return shared;
 }
 
+int32_t BlockManager::adopt(uint64_t hash, std::span<const int32_t> block_tokens) {
+  KILN_ASSERT(block_tokens.size() == static_cast<size_t>(block_size_));
+  if (!prefix_caching() || n_free() == 0 || by_hash_.count(hash)) return -1;
+  const int32_t b = take_block();
+  Info& in = info_[b];
+  in.ref = 0;
+  in.hashed = true;
+  in.hash = hash;
+  in.tokens.assign(block_tokens.begin(), block_tokens.end());
+  by_hash_.emplace(hash, b);
+  lru_.push_back(b);
+  in.lru = std::prev(lru_.end());
+  return b;
+}
+
 uint64_t BlockManager::chain_hash(std::span<const int32_t> tokens, std::vector<uint64_t>& hashes, int i) const {
   while (static_cast<int>(hashes.size()) <= i) {
     size_t j = hashes.size();
@@ -114,10 +129,10 @@ uint64_t BlockManager::chain_hash(std::span<const int32_t> tokens, std::vector<u
 }
 
 int BlockManager::acquire_prefix(std::span<const int32_t> tokens, int max_blocks, std::vector<int32_t>& blocks,
-                                 std::vector<uint64_t>& hashes) {
+                                 std::vector<uint64_t>& hashes, bool count) {
   KILN_ASSERT(blocks.empty());
   if (!prefix_caching()) return 0;
-  ++lookups_;
+  lookups_ += count;
   max_blocks = std::min<int>(max_blocks, static_cast<int>(tokens.size()) / block_size_);
   for (int i = 0; i < max_blocks; ++i) {
     auto it = by_hash_.find(chain_hash(tokens, hashes, i));
@@ -127,7 +142,7 @@ int BlockManager::acquire_prefix(std::span<const int32_t> tokens, int max_blocks
     if (in.ref++ == 0) lru_.erase(in.lru);  // no longer evictable
     blocks.push_back(it->second);
   }
-  hit_tokens_ += static_cast<int64_t>(blocks.size()) * block_size_;
+  if (count) hit_tokens_ += static_cast<int64_t>(blocks.size()) * block_size_;
   return static_cast<int>(blocks.size());
 }
 
@@ -145,6 +160,7 @@ void BlockManager::commit(std::span<const int32_t> tokens, int n_computed, const
     in.tokens.assign(tokens.begin() + static_cast<size_t>(i) * block_size_,
                      tokens.begin() + static_cast<size_t>(i + 1) * block_size_);
     by_hash_.emplace(h, blocks[i]);
+    if (record_) committed_.push_back({h, blocks[i]});
   }
   n_committed = std::max(n_committed, n_full);
 }

@@ -7,6 +7,7 @@
 #include <list>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kiln::engine {
@@ -28,6 +29,7 @@ class BlockManager {
   // Unreferenced blocks that still hold a cached prefix.
   int n_cached() const { return static_cast<int>(lru_.size()); }
   bool prefix_caching() const { return cache_.max_cached_blocks > 0; }
+  int max_cached_blocks() const { return cache_.max_cached_blocks; }
   // Blocks needed to hold n_tokens.
   int blocks_for(int64_t n_tokens) const { return static_cast<int>((n_tokens + block_size_ - 1) / block_size_); }
   // Grows `blocks` to hold n_tokens; false (and no change) when the pool lacks blocks.
@@ -47,13 +49,33 @@ class BlockManager {
   // Prefix cache. `hashes` is the caller's memo of the chain hashes of its full blocks
   // (hashes[i] covers tokens [0, (i+1) * block_size)); these calls extend it as needed.
   // Appends the longest run of cached blocks matching tokens' full blocks (at most max_blocks)
-  // to the empty `blocks`, taking a reference on each; returns how many.
+  // to the empty `blocks`, taking a reference on each; returns how many. `count`: add to the
+  // hit/lookup counters (a lookup that serves a request, not the engine's own bookkeeping).
   int acquire_prefix(std::span<const int32_t> tokens, int max_blocks, std::vector<int32_t>& blocks,
-                     std::vector<uint64_t>& hashes);
+                     std::vector<uint64_t>& hashes, bool count = true);
   // Registers the full blocks among tokens[0, n_computed) (their K/V are written) so later
   // sequences can reuse them; `n_committed` (the caller's memo) skips blocks done before.
   void commit(std::span<const int32_t> tokens, int n_computed, const std::vector<int32_t>& blocks,
               std::vector<uint64_t>& hashes, int& n_committed);
+  // The chain hash of tokens' block i (extending the memo `hashes` as needed).
+  uint64_t block_hash(std::span<const int32_t> tokens, std::vector<uint64_t>& hashes, int i) const {
+    return chain_hash(tokens, hashes, i);
+  }
+  bool is_cached(uint64_t hash) const { return by_hash_.count(hash) != 0; }
+  // A prefix-cache entry whose K/V come from elsewhere (a file): takes a block (an empty one, else
+  // the least recently used cached one), registers it under `hash` with its tokens, unreferenced and
+  // most recently used, and returns it for the caller to fill; -1 when none can be taken.
+  int32_t adopt(uint64_t hash, std::span<const int32_t> block_tokens);
+  // Blocks commit() has registered since the last call, when recording is on (the SSD tier writes
+  // them out). Their K/V are complete and stay as they are while they are cached.
+  struct Committed {
+    uint64_t hash;
+    int32_t block;
+  };
+  void record_commits(bool on) { record_ = on; }
+  std::vector<Committed> take_committed() { return std::exchange(committed_, {}); }
+  const std::vector<int32_t>& block_tokens(int32_t b) const { return info_[b].tokens; }
+
   // Counters for /metrics: tokens served from the cache, and lookups made.
   int64_t hit_tokens() const { return hit_tokens_; }
   int64_t lookups() const { return lookups_; }
@@ -80,6 +102,8 @@ class BlockManager {
   std::vector<int32_t> free_;                     // empty blocks, a stack (recently freed reused first)
   std::list<int32_t> lru_;                        // cached unreferenced blocks, least recent first
   std::unordered_map<uint64_t, int32_t> by_hash_; // chain hash -> block
+  bool record_ = false;
+  std::vector<Committed> committed_;
   int64_t hit_tokens_ = 0, lookups_ = 0, evictions_ = 0;
 };
 

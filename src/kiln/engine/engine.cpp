@@ -18,6 +18,9 @@ static uint64_t model_identity(const model::ModelConfig& c) {
   const std::string id = c.dir + "\n" + c.raw.dump();
   return XXH3_64bits(id.data(), id.size());
 }
+static uint64_t model_key(const model::Model& m, const EngineConfig& cfg) {
+  return cfg.model_key ? cfg.model_key : model_identity(m.config());
+}
 
 // The KV pool (kv_sizing.h): what the workload can use (explicit n_blocks, else max_seqs full
 // contexts), or --kv-cache-bytes, plus the prefix cache's blocks; on a GPU capped to the
@@ -46,7 +49,7 @@ static BlockManager make_blocks(model::Model& m, const EngineConfig& cfg) {
               cfg.gpu_memory_utilization, r.wanted_blocks);
   if (draft) draft->reserve(plan.active_blocks, cfg.block_size);
   return BlockManager(plan.active_blocks + plan.cached_blocks, cfg.block_size,
-                      PrefixCacheConfig{plan.cached_blocks, cfg.model_key ? cfg.model_key : model_identity(c)});
+                      PrefixCacheConfig{plan.cached_blocks, model_key(m, cfg)});
 }
 
 Engine::Engine(model::Model& model, EngineConfig cfg)
@@ -60,6 +63,16 @@ Engine::Engine(model::Model& model, EngineConfig cfg)
       policy_(cfg.spec.draft ? cfg.spec.num_draft_tokens : 0) {
   if (cfg_.spec.num_draft_tokens < 0 || cfg_.spec.num_draft_tokens > kMaxDraftTokens)
     fail("engine", "num_draft_tokens is {}; it must be 0..{}", cfg_.spec.num_draft_tokens, kMaxDraftTokens);
+  if (!cfg_.ssd.dir.empty()) {
+    if (!blocks_.prefix_caching())
+      fail("engine", "the SSD cache tier needs the prefix cache; give it room (--prompt-cache-bytes > 0)");
+    // The folder's key: the hash chain's seed (the model) and the block layout (dtype, bits, shapes).
+    const kvstore::KvLayout layout = kvstore::KvLayout::of(cache_);
+    const uint64_t parts[2] = {model_key(model_, cfg_), layout.hash()};
+    ssd_ = std::make_unique<kvstore::SsdCache>(cfg_.ssd, XXH3_64bits(parts, sizeof parts), layout,
+                                               cfg_.model_name.empty() ? model_.config().dir : cfg_.model_name);
+    blocks_.record_commits(true);
+  }
 }
 
 Engine::~Engine() {
@@ -232,6 +245,7 @@ int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
   for (int j = 0; j < static_cast<int>(v.tokens.size()); ++j) {
     TokenEvent ev = make_event(s->id, -1, false, FinishReason::none);
     ev.n_cached = std::max(0, s->n_cached);
+    ev.n_cached_ssd = std::min(ev.n_cached, s->n_cached_ssd);
     if (s->logprobs >= 0) ev.logprob = log_softmax_at(out.row(row + j), v.tokens[j], s->logprobs, &ev.top);
     if (j < v.n_accepted) ++s->draft_n_accepted, ++stats_.accepted_tokens;  // (counted as emitted: a stop ends them)
     ++emitted;
@@ -240,7 +254,87 @@ int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
   return emitted;
 }
 
+int Engine::export_prefix(std::span<const int32_t> tokens, std::vector<std::byte>& data) {
+  std::vector<int32_t> held;
+  std::vector<uint64_t> hashes;
+  const int n = blocks_.acquire_prefix(tokens, static_cast<int>(tokens.size()) / blocks_.block_size(), held, hashes,
+                                       /*count=*/false);
+  const std::vector<std::byte> bytes = kvstore::read_blocks(model_.backend(), cache_, held);
+  data.insert(data.end(), bytes.begin(), bytes.end());
+  blocks_.release(held);
+  return n;
+}
+
+int Engine::import_prefix(std::span<const int32_t> tokens, int n_blocks, std::span<const std::byte> data) {
+  return adopt_blocks(tokens, 0, n_blocks, data);
+}
+
+int Engine::adopt_blocks(std::span<const int32_t> tokens, int first, int count, std::span<const std::byte> data) {
+  const int bs = blocks_.block_size();
+  const size_t block_bytes = kvstore::KvLayout::of(cache_).block_bytes;
+  KILN_ASSERT(static_cast<int64_t>(first + count) * bs <= static_cast<int64_t>(tokens.size()) &&
+              data.size() >= count * block_bytes);
+  // At most what the prefix cache keeps, so that adopting a later block never evicts an earlier one.
+  count = std::min({count, blocks_.n_free(), blocks_.max_cached_blocks() - first});
+  std::vector<uint64_t> hashes;
+  std::vector<int32_t> placed;  // the cache's blocks to fill, and their bytes
+  std::vector<std::byte> bytes;
+  int i = 0;
+  for (; i < count; ++i) {
+    const uint64_t h = blocks_.block_hash(tokens, hashes, first + i);
+    if (blocks_.is_cached(h)) continue;  // here already
+    const int32_t b = blocks_.adopt(h, tokens.subspan(static_cast<size_t>(first + i) * bs, bs));
+    if (b < 0) break;
+    placed.push_back(b);
+    bytes.insert(bytes.end(), data.begin() + i * block_bytes, data.begin() + (i + 1) * block_bytes);
+  }
+  kvstore::write_blocks(model_.backend(), cache_, placed, bytes);
+  return std::max(i, 0);
+}
+
+void Engine::load_from_ssd() {
+  const int bs = blocks_.block_size();
+  for (Sequence* s : scheduler_.waiting()) {
+    if (s->n_computed != 0 || !s->blocks.empty() || !s->reuse_prefix || s->ssd_checked == s->n_preempted) continue;
+    s->ssd_checked = s->n_preempted;
+    const std::span<const int32_t> tokens(s->tokens);
+    const int max_blocks = (static_cast<int>(tokens.size()) - 1) / bs;  // (the last token is always computed)
+    // The prefix the RAM cache has, held while blocks are adopted (so that none of it is evicted for them).
+    std::vector<int32_t> held;
+    const int i = blocks_.acquire_prefix(tokens, max_blocks, held, s->block_hashes, /*count=*/false);
+    std::vector<std::byte> data;
+    int n = 0;  // blocks [i, i + n) read back from disk
+    while (i + n < max_blocks && ssd_->contains(blocks_.block_hash(tokens, s->block_hashes, i + n))) {
+      auto block = ssd_->read(s->block_hashes[i + n], tokens.subspan(static_cast<size_t>(i + n) * bs, bs));
+      if (!block) break;  // rejected and deleted: computed from here
+      data.insert(data.end(), block->begin(), block->end());
+      ++n;
+    }
+    if (n == 0 && i < max_blocks) ssd_->note_miss();
+    if (n > 0) s->n_cached_ssd = adopt_blocks(tokens, i, n, data) * bs;
+    blocks_.release(held);
+  }
+}
+
+void Engine::save_to_ssd() {
+  std::vector<int32_t> ids;
+  std::vector<BlockManager::Committed> done;
+  for (const BlockManager::Committed& c : blocks_.take_committed())
+    if (blocks_.is_cached(c.hash) && !ssd_->contains(c.hash)) {
+      done.push_back(c);
+      ids.push_back(c.block);
+    }
+  if (ids.empty()) return;
+  const std::vector<std::byte> data = kvstore::read_blocks(model_.backend(), cache_, ids);
+  const size_t block_bytes = data.size() / ids.size();
+  for (size_t i = 0; i < done.size(); ++i) {
+    const std::vector<int32_t>& toks = blocks_.block_tokens(done[i].block);
+    ssd_->write(done[i].hash, toks, std::vector<std::byte>(data.begin() + i * block_bytes, data.begin() + (i + 1) * block_bytes));
+  }
+}
+
 int Engine::step() {
+  if (ssd_) load_from_ssd();
   auto sched = scheduler_.schedule();
   if (sched.empty()) return 0;
   auto t0 = std::chrono::steady_clock::now();
@@ -300,6 +394,7 @@ int Engine::step() {
     if (!c.wants_logits) continue;
     TokenEvent ev = make_event(s->id, -1, false, FinishReason::none);
     ev.n_cached = std::max(0, s->n_cached);
+    ev.n_cached_ssd = std::min(ev.n_cached, s->n_cached_ssd);
     if (s->n_generated() == 0) {
       ev.prompt_logprobs = std::move(s->prompt_lp);
       s->prompt_lp.clear();
@@ -323,6 +418,7 @@ int Engine::step() {
   (any_prefill ? stats_.prefill_seconds : stats_.decode_seconds) += dt;
   if (!any_prefill && n_draft >= 0 && cfg_.spec.adaptive) policy_.record(n_drafting, n_draft, emitted, dt);
   ++stats_.steps;
+  if (ssd_) save_to_ssd();
   return n_tokens;
 }
 

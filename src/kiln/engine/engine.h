@@ -10,6 +10,7 @@
 #include "kiln/engine/model_runner.h"
 #include "kiln/engine/scheduler.h"
 #include "kiln/engine/speculative.h"
+#include "kiln/kvstore/ssd_cache.h"
 #include "kiln/model/model.h"
 
 namespace kiln::engine {
@@ -41,6 +42,11 @@ struct EngineConfig {
   using PadDecode = RunnerConfig::PadDecode;
   PadDecode pad_decode = PadDecode::automatic;
   SpecConfig spec;
+  // The SSD tier of the prefix cache (kvstore/ssd_cache.h): full blocks are written there as they
+  // complete, and a prefix that continues on disk is read back instead of recomputed. Needs the
+  // prefix cache (prompt_cache_bytes > 0). `model_name` labels its folder.
+  kvstore::SsdConfig ssd;
+  std::string model_name;
 };
 
 struct EngineStats {
@@ -68,6 +74,17 @@ class Engine {
   // Runs one batched forward; returns the number of tokens it computed.
   int step();
 
+  // Prompt cache files (kvstore/prompt_file.h). The K/V of the longest run of tokens' full blocks
+  // that the prefix cache holds, [n][KvLayout::block_bytes] appended to `data`; returns n.
+  int export_prefix(std::span<const int32_t> tokens, std::vector<std::byte>& data);
+  // Puts the K/V of tokens' first n_blocks full blocks (data as export_prefix gives) into the
+  // prefix cache, so that a request starting with those tokens computes only what follows; returns
+  // how many blocks the cache took (it may have room for fewer).
+  int import_prefix(std::span<const int32_t> tokens, int n_blocks, std::span<const std::byte> data);
+  const model::KvCache& kv_cache() const { return cache_; }
+  // The SSD tier, or null when off.
+  kvstore::SsdCache* ssd() const { return ssd_.get(); }
+
   const EngineStats& stats() const { return stats_; }
   const BlockManager& blocks() const { return blocks_; }
   const Scheduler& scheduler() const { return scheduler_; }
@@ -84,6 +101,13 @@ class Engine {
   int verify(Sequence* s, const Draft& d, StepOutput& out, int row);
   // Appends tok to s and reports it; true when s finished (and is gone).
   bool emit(Sequence* s, TokenEvent ev, int32_t tok);
+  // The SSD tier: before scheduling, waiting sequences' prefixes that continue on disk are read
+  // into the prefix cache; after a step, the blocks it completed are queued for writing.
+  void load_from_ssd();
+  // Adopts tokens' full blocks [first, first + count) into the prefix cache with their K/V (`data`
+  // holds those blocks); returns how many of them the cache holds after.
+  int adopt_blocks(std::span<const int32_t> tokens, int first, int count, std::span<const std::byte> data);
+  void save_to_ssd();
 
   model::Model& model_;
   EngineConfig cfg_;
@@ -96,6 +120,7 @@ class Engine {
   int context_length_;
   EngineStats stats_;
   SpecPolicy policy_;
+  std::unique_ptr<kvstore::SsdCache> ssd_;
 };
 
 }  // namespace kiln::engine

@@ -84,6 +84,8 @@ void EngineThread::refresh_snapshot() {
   snap_.draft_tokens = st.draft_tokens;
   snap_.accepted_tokens = st.accepted_tokens;
   snap_.verifies = st.verifies;
+  snap_.ssd_on = engine_.ssd() != nullptr;
+  if (snap_.ssd_on) snap_.ssd = engine_.ssd()->stats();
 }
 
 void EngineThread::loop() {

@@ -42,6 +42,8 @@ struct EngineSnapshot {
   double busy_seconds = 0;  // time spent in steps
   double decode_seconds = 0, prefill_seconds = 0;
   int64_t draft_tokens = 0, accepted_tokens = 0, verifies = 0;  // speculative decoding (EngineStats)
+  bool ssd_on = false;
+  kvstore::SsdStats ssd;  // the SSD tier's counters, when on
 };
 
 class EngineThread {

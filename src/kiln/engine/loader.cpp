@@ -1,11 +1,14 @@
 // load_model / load_model_from_memory: the same steps for a folder or the embedded files.
 #include "kiln/engine/loader.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstdio>
 
 #include "kiln/base/mapped_file.h"
 #include "kiln/io/model_path.h"
+#include "kiln/kvstore/identity.h"
 
 namespace kiln::engine {
 
@@ -42,6 +45,8 @@ static void upload_weights(LoadedModel& m) {
 }
 
 static void finish_load(LoadedModel& m, const LoadOptions& opt) {
+  m.fingerprint = kvstore::model_fingerprint(m.config, m.weights);
+  m.tokenizer_fingerprint = kvstore::tokenizer_fingerprint(*m.tokenizer);
   m.backend = make_backend(opt);
   upload_weights(m);
   m.model = model::create_model(m.config, m.weights, *m.backend);
@@ -75,6 +80,11 @@ std::unique_ptr<LoadedModel> load_model_from_memory(const std::map<std::string, 
   m->weights.add(io::SafetensorsFile::from_mapping(MappedFile::from_static(st.data(), st.size(), name + "/model.safetensors")));
   finish_load(*m, opt);
   return m;
+}
+
+uint64_t LoadedModel::cache_key() const {
+  const uint64_t parts[2] = {fingerprint, tokenizer_fingerprint};
+  return XXH3_64bits(parts, sizeof parts);
 }
 
 std::vector<int32_t> LoadedModel::eos_ids() const {

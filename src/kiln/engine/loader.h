@@ -22,6 +22,11 @@ struct LoadedModel {
   std::unique_ptr<model::Model> model;
   // EOS ids: generation_config/config eos ids, else the tokenizer's eos token.
   std::vector<int32_t> eos_ids() const;
+  // What cached K/V are valid for (kvstore/identity.h), computed at load.
+  uint64_t fingerprint = 0, tokenizer_fingerprint = 0;
+  // Both in one: the prefix cache's key (EngineConfig::model_key), which the SSD tier's folders
+  // and prompt cache files are checked against.
+  uint64_t cache_key() const;
 };
 
 struct LoadOptions {

@@ -27,6 +27,7 @@ struct TokenEvent {
   // the top alternatives.
   std::vector<std::vector<TokenLogprob>> prompt_logprobs;
   int n_cached = 0;            // prompt tokens whose K/V came from the prefix cache
+  int n_cached_ssd = 0;        // of those, the ones read back from the SSD tier
   int draft_n = 0, draft_n_accepted = 0;  // speculative decoding so far: tokens drafted, accepted
 };
 inline TokenEvent make_event(int64_t id, int32_t token, bool finished, FinishReason r, std::string error = {}) {
@@ -66,6 +67,8 @@ struct Sequence {
   int logprobs = -1, prompt_logprobs = -1;
   bool reuse_prefix = true;
   int n_cached = -1;                  // prompt tokens reused from the prefix cache (-1: not admitted yet)
+  int n_cached_ssd = 0;               // of those, read back from the SSD tier
+  int ssd_checked = -1;               // n_preempted when the SSD tier was last asked for this prefix
   std::vector<uint64_t> block_hashes; // the prefix cache's hash chain memo (BlockManager)
   int n_committed_blocks = 0;         // full blocks registered in the prefix cache
   std::vector<std::vector<TokenLogprob>> prompt_lp;  // [n_prompt] when prompt_logprobs >= 0

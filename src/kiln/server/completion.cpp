@@ -46,7 +46,7 @@ struct Choice {
   std::vector<std::vector<engine::TokenLogprob>> prompt_lp;
   const char* finish = nullptr;  // set when done
   bool started = false, first_chunk_sent = false;
-  int n_cached = 0;
+  int n_cached = 0, n_cached_ssd = 0;
   int draft_n = 0, draft_n_accepted = 0;  // speculative decoding: the engine's running totals
   Clock::time_point t_first, t_last;
 };
@@ -80,6 +80,7 @@ struct Server::Ctx {
       c.started = true;
       c.t_first = now;
       c.n_cached = e.n_cached;
+      c.n_cached_ssd = e.n_cached_ssd;
       c.prompt_lp = e.prompt_logprobs;
     }
     c.t_last = now;
@@ -170,7 +171,7 @@ struct Server::Ctx {
 
   // usage and timings over all choices (each prompt counted once, through its first choice).
   std::pair<Json, Json> usage_json() const {
-    int64_t prompt = 0, cached = 0, completion = 0, drafted = 0, accepted = 0;
+    int64_t prompt = 0, cached = 0, cached_ssd = 0, completion = 0, drafted = 0, accepted = 0;
     Clock::time_point first = Clock::time_point::max(), last = t_submit;
     for (auto& c : choices) {
       completion += static_cast<int64_t>(c.tokens.size());
@@ -179,6 +180,7 @@ struct Server::Ctx {
       if (c.index % req.n == 0) {
         prompt += static_cast<int64_t>(req.prompts[c.prompt].size());
         cached += c.n_cached;
+        cached_ssd += c.n_cached_ssd;
       }
       if (c.started) {
         first = std::min(first, c.t_first);
@@ -194,7 +196,8 @@ struct Server::Ctx {
                   {"draft_n_accepted", accepted}};
     double prompt_ms = ms_between(t_submit, first), predicted_ms = ms_between(first, last);
     Json timings = {{"prompt_n", prompt - cached},
-                    {"cache_n", cached},
+                    {"cache_n", cached},  // of them read back from the SSD tier (the rest from RAM):
+                    {"cache_n_ssd", cached_ssd},
                     {"prompt_ms", prompt_ms},
                     {"prompt_per_second", prompt_ms > 0 ? (prompt - cached) * 1000.0 / prompt_ms : 0.0},
                     {"predicted_n", completion},

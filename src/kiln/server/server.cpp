@@ -211,6 +211,25 @@ std::string Server::metrics_text() {
   // Accepted drafts per verify (the target also adds a token of its own to each: + 1 per forward).
   metric("kiln_spec_mean_accepted_length", "gauge", "Speculative decoding: draft tokens accepted per verify (0 before any)",
          e.verifies > 0 ? static_cast<double>(e.accepted_tokens) / e.verifies : 0.0);
+  if (e.ssd_on) {
+    const kvstore::SsdStats& s = e.ssd;
+    metric("kiln_ssd_cache_hits_total", "counter", "SSD KV tier: blocks read back instead of recomputed", static_cast<double>(s.hits));
+    metric("kiln_ssd_cache_misses_total", "counter", "SSD KV tier: prefix lookups that found no block on disk",
+           static_cast<double>(s.misses));
+    metric("kiln_ssd_cache_read_bytes_total", "counter", "SSD KV tier: bytes read", static_cast<double>(s.bytes_read));
+    metric("kiln_ssd_cache_written_bytes_total", "counter", "SSD KV tier: bytes written", static_cast<double>(s.bytes_written));
+    metric("kiln_ssd_cache_blocks", "gauge", "SSD KV tier: block files on disk", static_cast<double>(s.blocks));
+    metric("kiln_ssd_cache_bytes", "gauge", "SSD KV tier: bytes on disk", static_cast<double>(s.bytes));
+    metric("kiln_ssd_cache_evictions_total", "counter", "SSD KV tier: files deleted to stay under --ssd-cache-bytes",
+           static_cast<double>(s.evictions));
+    metric("kiln_ssd_cache_rejected_total", "counter",
+           "SSD KV tier: files deleted for failing a check (truncated, corrupt, another version or model)",
+           static_cast<double>(s.rejected));
+    metric("kiln_ssd_cache_dropped_total", "counter", "SSD KV tier: blocks not written (queue full or writing off)",
+           static_cast<double>(s.dropped));
+    metric("kiln_ssd_cache_writable", "gauge", "SSD KV tier: 1 while blocks are written, 0 after a write failed",
+           s.writable ? 1.0 : 0.0);
+  }
   return o;
 }
 

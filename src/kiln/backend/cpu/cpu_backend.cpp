@@ -205,6 +205,19 @@ void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   }
 }
 
+void CpuBackend::scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  require_i32(rows, "scatter_rows", "rows");
+  checks::scatter_rows("cpu", src, rows, dst);
+  const int64_t n_src = rows.numel(), n = dst.rows();
+  const size_t row_bytes = dst.cols() * dtype_size(dst.dtype);
+  for (int64_t i = 0; i < n_src; ++i) {
+    const int64_t r = rows.ptr<int32_t>()[i];
+    if (r < 0 || r >= n) fail("cpu", "scatter_rows: row {} out of range [0, {})", r, n);
+    std::memmove(static_cast<char*>(dst.data) + r * row_bytes, static_cast<const char*>(src.data) + i * row_bytes,
+                 row_bytes);
+  }
+}
+
 }  // namespace kiln::backend::cpu
 
 namespace kiln::backend {

@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   void scale(Tensor& x, float s) override;
   void softcap(Tensor& x, float cap) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) override;  // moe_ops.cpp
 
  private:

@@ -59,6 +59,7 @@ class CudaBackend final : public Backend {
   void scale(Tensor& x, float s) override;
   void softcap(Tensor& x, float cap) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) override;
   void argmax_rows(const Tensor& x, Tensor& ids) override;
   // Fused ops (cuda_fused_ops.cpp; kernels in fused.cu and gemv_fast.cu): each one launch, with the

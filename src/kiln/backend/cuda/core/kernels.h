@@ -68,6 +68,9 @@ void launch_softcap(void* x, int64_t n, float cap, Dt t, cudaStream_t st);
 // y[r, :] += bias[:] over rows of `cols`.
 void launch_add_bias(void* y, Dt yt, int64_t rows, int64_t cols, const void* bias, Dt bt, cudaStream_t s);
 // out[i] = x[rows[i]] (row_bytes each); rows outside [0, n_rows) give zero rows.
+// dst[rows[i]] = src[i], rows of row_bytes (rows outside [0, n_rows) are skipped).
+void launch_scatter_rows(const void* src, int64_t row_bytes, const int32_t* rows, int64_t n_src, int64_t n_rows, void* dst,
+                         cudaStream_t s);
 void launch_gather_rows(const void* x, int64_t row_bytes, const int32_t* rows, int64_t n_out, int64_t n_rows, void* out,
                         cudaStream_t s);
 // dst[rows[i]] += weights[i] * src[i] in order of i (rows may repeat); parallel over columns.

@@ -275,6 +275,17 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) 
                      out.data, im.stream);
 }
 
+void CudaBackend::scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  Impl& im = *impl_;
+  checks::each(require_device, "scatter_rows", {{src, "src"}, {dst, "dst"}});
+  require_i32(rows, "scatter_rows", "rows");
+  checks::scatter_rows("cuda", src, rows, dst);
+  if (im.skip()) return;
+  ProfScope ps(im, "scatter_rows");
+  launch_scatter_rows(src.data, dst.cols() * static_cast<int64_t>(dtype_size(dst.dtype)), rows.ptr<int32_t>(), rows.numel(),
+                      dst.rows(), dst.data, im.stream);
+}
+
 void CudaBackend::scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, Tensor& dst) {
   Impl& im = *impl_;
   checks::each(require_act, "scatter_add_rows", {{src, "src"}, {dst, "dst"}});

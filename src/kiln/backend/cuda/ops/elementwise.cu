@@ -144,11 +144,25 @@ __global__ void add_bias_kernel(YT* y, int64_t rows, int64_t cols, const BT* bia
     y[i] = from_f<YT>(to_f(y[i]) + to_f(bias[i % cols]));
 }
 
-__global__ void gather_rows_kernel(const char* x, int64_t row_bytes, const int32_t* rows, int64_t n_rows, char* out) {
+// One CUDA block per row; W is the copy unit (16 bytes where rows and pointers allow, else 1).
+template <typename W>
+__global__ void gather_rows_kernel(const W* x, int64_t row_words, const int32_t* rows, int64_t n_rows, W* out) {
   const int64_t i = blockIdx.x;
   const int64_t r = rows[i];
   const bool ok = r >= 0 && r < n_rows;
-  for (int64_t b = threadIdx.x; b < row_bytes; b += blockDim.x) out[i * row_bytes + b] = ok ? x[r * row_bytes + b] : 0;
+  for (int64_t b = threadIdx.x; b < row_words; b += blockDim.x) out[i * row_words + b] = ok ? x[r * row_words + b] : W{};
+}
+
+template <typename W>
+__global__ void scatter_rows_kernel(const W* src, int64_t row_words, const int32_t* rows, int64_t n_rows, W* dst) {
+  const int64_t i = blockIdx.x;
+  const int64_t r = rows[i];
+  if (r < 0 || r >= n_rows) return;
+  for (int64_t b = threadIdx.x; b < row_words; b += blockDim.x) dst[r * row_words + b] = src[i * row_words + b];
+}
+
+static bool aligned16(const void* a, const void* b, int64_t row_bytes) {
+  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
 }
 
 // Sequential over i (rows repeat) so the sums happen in the CPU's order; parallel over columns.
@@ -354,8 +368,21 @@ void launch_add_bias(void* y, Dt yt, int64_t rows, int64_t cols, const void* bia
 void launch_gather_rows(const void* x, int64_t row_bytes, const int32_t* rows, int64_t n_out, int64_t n_rows, void* out,
                         cudaStream_t s) {
   if (n_out == 0) return;
-  gather_rows_kernel<<<n_out, 128, 0, s>>>(static_cast<const char*>(x), row_bytes, rows, n_rows, static_cast<char*>(out));
+  if (aligned16(x, out, row_bytes))
+    gather_rows_kernel<<<n_out, 128, 0, s>>>(static_cast<const int4*>(x), row_bytes / 16, rows, n_rows, static_cast<int4*>(out));
+  else
+    gather_rows_kernel<<<n_out, 128, 0, s>>>(static_cast<const char*>(x), row_bytes, rows, n_rows, static_cast<char*>(out));
   KILN_CUDA_LAUNCH_CHECK("gather_rows");
+}
+
+void launch_scatter_rows(const void* src, int64_t row_bytes, const int32_t* rows, int64_t n_src, int64_t n_rows, void* dst,
+                         cudaStream_t s) {
+  if (n_src == 0) return;
+  if (aligned16(src, dst, row_bytes))
+    scatter_rows_kernel<<<n_src, 128, 0, s>>>(static_cast<const int4*>(src), row_bytes / 16, rows, n_rows, static_cast<int4*>(dst));
+  else
+    scatter_rows_kernel<<<n_src, 128, 0, s>>>(static_cast<const char*>(src), row_bytes, rows, n_rows, static_cast<char*>(dst));
+  KILN_CUDA_LAUNCH_CHECK("scatter_rows");
 }
 
 void launch_scatter_add_rows(const void* src, const int32_t* rows, const float* weights, int64_t m, int64_t d,

@@ -1,0 +1,42 @@
+// KV blocks off the device. A block of a KvCache is every plane's rows of that block (planes()
+// order: layer by layer, K then V, then any further planes the layout has); its bytes on the host
+// are those rows back to back. KvLayout names what a block holds, so a stored block is only ever
+// loaded into a cache of the same layout; read_blocks/write_blocks move many blocks in a few
+// device calls per plane (gather/scatter through a staging buffer).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/backend/backend.h"
+#include "kiln/model/model.h"
+
+namespace kiln::kvstore {
+
+struct PlaneLayout {
+  DType dtype = DType::f32;
+  Shape block_shape;  // one block's dims (the plane's shape after n_blocks), e.g. [block_size, n_kv_heads * head_dim]
+  size_t bytes = 0;   // one block's bytes of this plane
+  bool operator==(const PlaneLayout&) const = default;
+};
+
+struct KvLayout {
+  int block_size = 0;
+  std::vector<PlaneLayout> planes;
+  size_t block_bytes = 0;  // one block over all planes
+  static KvLayout of(const model::KvCache& cache);
+  uint64_t hash() const;
+  // "64 planes, bf16 [16, 1024] ..., 2.00 MiB per block", for messages.
+  std::string describe() const;
+  bool operator==(const KvLayout&) const = default;
+};
+
+// The bytes of `blocks` (host, [blocks.size()][layout.block_bytes], block-major).
+std::vector<std::byte> read_blocks(backend::Backend& be, const model::KvCache& cache, std::span<const int32_t> blocks);
+// Writes data ([blocks.size()][block_bytes], as read_blocks returns) into `blocks` of the cache.
+void write_blocks(backend::Backend& be, model::KvCache& cache, std::span<const int32_t> blocks,
+                  std::span<const std::byte> data);
+
+}  // namespace kiln::kvstore
