@@ -20,6 +20,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kExt = ".kvb";
+// Bytes waiting for the writer at most (a long prompt's blocks arrive faster than a disk takes them).
+constexpr uint64_t kMaxQueuedBytes = 2ull << 30;
 
 std::string hex16(uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -206,7 +208,7 @@ std::optional<std::vector<std::byte>> SsdCache::read(uint64_t chain_hash, std::s
 void SsdCache::write(uint64_t chain_hash, std::vector<int32_t> tokens, std::vector<std::byte> payload) {
   {
     std::lock_guard lk(mu_);
-    if (!stats_.writable || !writer_.joinable() || queued_bytes_ + payload.size() > cfg_.max_bytes / 8) {
+    if (!stats_.writable || !writer_.joinable() || queued_bytes_ + payload.size() > kMaxQueuedBytes) {
       ++stats_.dropped;
       return;
     }

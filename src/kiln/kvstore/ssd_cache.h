@@ -59,8 +59,8 @@ class SsdCache {
   // check is deleted and counted as rejected).
   std::optional<std::vector<std::byte>> read(uint64_t chain_hash, std::span<const int32_t> tokens);
   void note_miss();
-  // Queues a block for writing (dropped when it is on disk already, the queue holds max_bytes / 8
-  // or writing is off).
+  // Queues a block for writing (dropped when it is on disk already, 2 GiB wait in the queue or
+  // writing is off).
   void write(uint64_t chain_hash, std::vector<int32_t> tokens, std::vector<std::byte> payload);
   void flush();  // returns when the queue is empty
   SsdStats stats() const;
