@@ -246,6 +246,22 @@ TEST_P(CpuOps, ElementwiseAndBuffers) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(0, std::memcmp(g.ptr<float>() + i * 67, x.ptr<float>() + r[i] * 67, 67 * 4));
   rows.ptr<int32_t>()[1] = 11;
   EXPECT_THROW(be->gather_rows(x, rows, g), Error);
+  // scatter_rows, gather_rows' inverse: rows 10, 0, 5 of y take g's rows 0, 1, 3; the rest stay.
+  Tensor sy = rng.tensor(DType::f32, {11, 67}), sy0 = rng.tensor(DType::f32, {11, 67});
+  std::memcpy(sy0.data, sy.data, sy.nbytes());
+  const int32_t to[3] = {10, 0, 5};
+  Tensor to_rows = Tensor::host(DType::i32, {3});
+  std::memcpy(to_rows.data, to, sizeof to);
+  Tensor src = Tensor::host(DType::f32, {3, 67});
+  for (int i = 0; i < 3; ++i) std::memcpy(src.ptr<float>() + i * 67, g.ptr<float>() + (i == 2 ? 3 : i) * 67, 67 * 4);
+  be->scatter_rows(src, to_rows, sy);
+  for (int r_ = 0; r_ < 11; ++r_) {
+    const int i = r_ == 10 ? 0 : r_ == 0 ? 1 : r_ == 5 ? 2 : -1;
+    const float* want = i >= 0 ? src.ptr<float>() + i * 67 : sy0.ptr<float>() + r_ * 67;
+    EXPECT_EQ(0, std::memcmp(sy.ptr<float>() + r_ * 67, want, 67 * 4)) << "row " << r_;
+  }
+  to_rows.ptr<int32_t>()[2] = 11;
+  EXPECT_THROW(be->scatter_rows(src, to_rows, sy), Error);
 
   Tensor h = Tensor::host(DType::f32, {3});
   EXPECT_EQ(be->upload(h).data, h.data);  // CPU buffers alias

@@ -216,6 +216,15 @@ TEST_F(CudaOps, KvWriteGatherScatterArgmax) {
   Tensor out = poisoned(DType::bf16, {5, width});
   gpu_->gather_rows(dev(k), gpu_->upload(ints(rows)), out);
   EXPECT_EQ(back(out), to_floats(ref));
+  // scatter_rows (KV blocks in and out): byte copies of rows of any width, 16-byte aligned (96 bf16)
+  // and not (7 bf16).
+  for (int64_t w : {width, int64_t{7}}) {
+    std::vector<int32_t> to = {9, 2, 30};
+    Tensor s = act(rng, {3, w}), d = act(rng, {40, w}), dd = dev(d);
+    cpu_->scatter_rows(s, ints(to), d);
+    gpu_->scatter_rows(dev(s), gpu_->upload(ints(to)), dd);
+    EXPECT_EQ(back(dd), to_floats(d)) << "width " << w;
+  }
 
   // Repeated destination rows (a token routed to several experts).
   std::vector<int32_t> dst_rows = {3, 1, 3, 0, 3};

@@ -1,6 +1,8 @@
 // Scalar kernels: the portable fallback and the plain statement of what every SIMD level computes.
 // Compiled with the baseline flags only (the compiler may still use SSE2). Also holds the level
 // selection (CPU feature checks, KILN_SIMD).
+#include <cpuid.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -147,14 +149,19 @@ constexpr Kernels kScalar = [] {
   return k;
 }();
 
+// CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c").
+static bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
 bool cpu_has(SimdLevel l) {
   // The CPU's features first: kernels_X() runs code of its level's translation unit (its static
   // table's initializer may use that level's instructions), so it is called only where they exist.
   switch (l) {
     case SimdLevel::scalar: return true;
     case SimdLevel::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
-             kernels_avx2();
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() && kernels_avx2();
     case SimdLevel::avx512:
       return cpu_has(SimdLevel::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && kernels_avx512();
