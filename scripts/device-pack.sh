@@ -12,13 +12,13 @@ build=${1:-build-cuda}
 trace=()  # the kernel tracer, where the build found CUPTI
 [ -f "$build/bench/libkiln_kernel_trace.so" ] && trace=(bench/libkiln_kernel_trace.so)
 tests=(tests/cuda_ops_test tests/cuda_qops_test tests/cuda_models_test tests/cuda_quantized_model_test
-       tests/cuda_engine_test tests/cuda_sampling_test tests/cuda_speculative_test)
+       tests/cuda_engine_test tests/cuda_sampling_test tests/cuda_speculative_test tests/cuda_kv_files_test)
 if [ -n "${PREV:-}" ]; then
   strip -o "$build/bench/model_bench_prev" "$PREV"
   carry_pack .devcarry "$build" yes kiln "${tests[@]}" bench/model_bench bench/model_bench_prev
 else
   carry_pack .devcarry "$build" yes kiln "${tests[@]}" bench/model_bench bench/cuda_ceiling_bench \
-    bench/cuda_qgemv_bench bench/cuda_attn_bench bench/spec_bench "${trace[@]}"
+    bench/cuda_qgemv_bench bench/cuda_attn_bench bench/spec_bench bench/kv_tier_bench "${trace[@]}"
 fi
 # Every model (the greedy test runs them all) and the PyTorch peers.
 cp -r ../shared/models/. .devcarry/shared/models/

@@ -29,6 +29,9 @@
 #   spec   tests, then speculative decoding (bench/spec_bench) on `kiln synth` llama-3-8b bf16: the verify
 #          cost of n = 1..8 at batch 1/8/64, speed against acceptance (a replay draft paying a llama-1b
 #          draft's cost), self-drafting (acceptance 1), prompt lookup on a repetitive prompt
+#   kvtier tests, then the prefix cache's SSD tier (bench/kv_tier_bench) on `kiln synth` llama-3-8b bf16: TTFT of
+#          2k/8k/32k-token prompts cold, RAM hit, SSD hit after a restart (page cache dropped where allowed),
+#          decode with the tier on vs off
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +73,12 @@ if want ab abtests; then  # the synthetic models, built while the tests run
     done ) > "$OUT/prepare_ab.log" 2>&1 &
   prep_ab=$!
 fi
+if want kvtier; then  # the model, built while the GPU runs the tests
+  mkdir -p "$M"
+  ( [ -f "$M/llama-3-8b/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b" --dtype bf16 --force
+  ) > "$OUT/prepare_kvtier.log" 2>&1 &
+  prep_kvtier=$!
+fi
 if want spec; then  # CPU-bound: the models, built while the GPU runs the tests
   mkdir -p "$M"
   ( for sh in llama-3-8b llama-1b; do
@@ -77,9 +86,9 @@ if want spec; then  # CPU-bound: the models, built while the GPU runs the tests
     done ) > "$OUT/prepare_spec.log" 2>&1 &
   prep_spec=$!
 fi
-if want tests first abtests spec; then
+if want tests first abtests spec kvtier; then
   for t in cuda_ops_test cuda_qops_test cuda_models_test cuda_quantized_model_test cuda_engine_test \
-           cuda_sampling_test cuda_speculative_test; do
+           cuda_sampling_test cuda_speculative_test cuda_kv_files_test; do
     el "=== $t"
     LD_LIBRARY_PATH=$KILN_LD_PATH timeout 200 "$X/bin/$t" 2>&1 | tee -a "$OUT/tests.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|Failure|error|Expected|Which is|knife-edge|rel-L2|max error|graph replays|chi2" |
@@ -183,6 +192,12 @@ if [ -n "${prep_spec:-}" ]; then
   sb --draft "$M/llama-1b" --verify-cost 1,8,64 --batch 1,8 --n 3 --oracle 0,0.5,0.7,0.9,1 --max-tokens 128
   sb --draft "$M/llama-3-8b" --batch 1 --n 3 --max-tokens 96
   sb --ngram --repetitive --batch 1,8 --n 1,2,3,4 --max-tokens 128
+fi
+if [ -n "${prep_kvtier:-}" ]; then
+  wait $prep_kvtier || { echo "synth failed"; tail -n 3 "$OUT/prepare_kvtier.log"; status=1; }
+  el "=== kv_tier_bench llama-3-8b"
+  kl timeout 400 "$X/bin/kv_tier_bench" --device cuda --model "$M/llama-3-8b" --prompt 2048,8192,32000 --decode 128 \
+    --dir /tmp/kiln-tier-bench --drop-caches 2>&1 | grep -v "^kiln info" | tee "$OUT/kv_tier_bench.txt" || status=1
 fi
 if [ "$what" = bench ]; then
   # All raw files in /tmp/bench; the ones that matter come back in $OUT (the tool's limit).
