@@ -153,6 +153,52 @@ TEST(SsdCache, ASecondInstanceReadsWhatTheFirstWrote) {
   EXPECT_EQ(other.stats().blocks, 0);
 }
 
+TEST(SsdCache, ARunIsReadInParallelAndEndsAtTheFirstDamagedBlock) {
+  TempDir d;
+  const KvLayout l = layout();
+  constexpr int kBlocks = 20, kBad = 11;
+  std::vector<std::vector<std::byte>> payloads;
+  std::vector<uint64_t> hashes;
+  std::vector<int32_t> tokens;
+  std::string folder;
+  {
+    SsdCache c({d.p.string(), 1 << 20}, 9, l, "m");
+    folder = c.folder();
+    for (int i = 0; i < kBlocks; ++i) {
+      payloads.push_back(random_bytes(l.block_bytes, 50 + i));
+      hashes.push_back(500 + i);
+      const std::vector<int32_t> t = toks(4, i);
+      tokens.insert(tokens.end(), t.begin(), t.end());
+      c.write(hashes.back(), t, payloads.back());
+    }
+    c.flush();
+  }
+  SsdCache c({d.p.string(), 1 << 20}, 9, l, "m");
+  // Whole run: every block, in order, equal to what was written.
+  std::vector<SsdCache::Loaded> run = c.read_run(hashes, tokens);
+  ASSERT_EQ(run.size(), static_cast<size_t>(kBlocks));
+  for (int i = 0; i < kBlocks; ++i) {
+    const std::span<const std::byte> p = run[i].payload();
+    EXPECT_TRUE(std::equal(p.begin(), p.end(), payloads[i].begin(), payloads[i].end())) << "block " << i;
+  }
+  EXPECT_EQ(c.stats().hits, kBlocks);
+  // A flipped byte in one block: the run stops before it, its file goes, the later ones stay.
+  const fs::path bad = fs::path(folder) / fmt::format("{:016x}.kvb", hashes[kBad]);
+  std::vector<std::byte> b = slurp(bad);
+  b[b.size() / 2] ^= std::byte{0x40};
+  spit(bad, b);
+  run = c.read_run(hashes, tokens);
+  EXPECT_EQ(run.size(), static_cast<size_t>(kBad));
+  EXPECT_EQ(c.stats().rejected, 1);
+  EXPECT_FALSE(c.contains(hashes[kBad]));
+  EXPECT_FALSE(fs::exists(bad));
+  EXPECT_TRUE(c.contains(hashes[kBad + 1]));
+  // Other tokens for the first block (a collision): nothing is read.
+  std::vector<int32_t> other = tokens;
+  other[0] += 1;
+  EXPECT_TRUE(c.read_run(hashes, other).empty());
+}
+
 TEST(SsdCache, DamagedStrayAndTemporaryFilesAreDeletedNeverUsed) {
   TempDir d;
   const KvLayout l = layout();

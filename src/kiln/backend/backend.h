@@ -2,6 +2,7 @@
 // The CPU backend is the reference; CUDA is tested op by op against it. An op a backend lacks
 // throws by name. All activation tensors are row-major; shapes are given per argument.
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -121,6 +122,11 @@ class Backend {
   virtual Tensor alloc(DType t, Shape s) = 0;                // uninitialized device memory
   virtual Tensor upload(const Tensor& host) = 0;             // host -> device copy (CPU: may alias)
   virtual Tensor to_host(const Tensor& t) = 0;               // device -> host copy (CPU: may alias)
+  // A device -> host copy that runs behind the work queued after it: the result holds the bytes once
+  // the waiter of a later fence() returns (CPU: a copy made now, never an alias).
+  virtual Tensor to_host_async(const Tensor& t) = 0;
+  // A waiter for everything queued so far, callable from any thread (CPU: returns at once).
+  virtual std::function<void()> fence() = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;     // same dtype and numel, device to device
   virtual void fill_zero(Tensor& t) = 0;
   virtual void synchronize() {}

@@ -266,19 +266,22 @@ int Engine::export_prefix(std::span<const int32_t> tokens, std::vector<std::byte
 }
 
 int Engine::import_prefix(std::span<const int32_t> tokens, int n_blocks, std::span<const std::byte> data) {
-  return adopt_blocks(tokens, 0, n_blocks, data);
+  const size_t block_bytes = kvstore::KvLayout::of(cache_).block_bytes;
+  KILN_ASSERT(data.size() >= n_blocks * block_bytes);
+  std::vector<std::span<const std::byte>> per_block;
+  for (int i = 0; i < n_blocks; ++i) per_block.push_back(data.subspan(i * block_bytes, block_bytes));
+  return adopt_blocks(tokens, 0, per_block);
 }
 
-int Engine::adopt_blocks(std::span<const int32_t> tokens, int first, int count, std::span<const std::byte> data) {
+int Engine::adopt_blocks(std::span<const int32_t> tokens, int first, std::span<const std::span<const std::byte>> data) {
   const int bs = blocks_.block_size();
-  const size_t block_bytes = kvstore::KvLayout::of(cache_).block_bytes;
-  KILN_ASSERT(static_cast<int64_t>(first + count) * bs <= static_cast<int64_t>(tokens.size()) &&
-              data.size() >= count * block_bytes);
+  int count = static_cast<int>(data.size());
+  KILN_ASSERT(static_cast<int64_t>(first + count) * bs <= static_cast<int64_t>(tokens.size()));
   // At most what the prefix cache keeps, so that adopting a later block never evicts an earlier one.
   count = std::min({count, blocks_.n_free(), blocks_.max_cached_blocks() - first});
   std::vector<uint64_t> hashes;
   std::vector<int32_t> placed;  // the cache's blocks to fill, and their bytes
-  std::vector<std::byte> bytes;
+  std::vector<std::span<const std::byte>> bytes;
   int i = 0;
   for (; i < count; ++i) {
     const uint64_t h = blocks_.block_hash(tokens, hashes, first + i);
@@ -286,7 +289,7 @@ int Engine::adopt_blocks(std::span<const int32_t> tokens, int first, int count, 
     const int32_t b = blocks_.adopt(h, tokens.subspan(static_cast<size_t>(first + i) * bs, bs));
     if (b < 0) break;
     placed.push_back(b);
-    bytes.insert(bytes.end(), data.begin() + i * block_bytes, data.begin() + (i + 1) * block_bytes);
+    bytes.push_back(data[i]);
   }
   kvstore::write_blocks(model_.backend(), cache_, placed, bytes);
   return std::max(i, 0);
@@ -302,16 +305,15 @@ void Engine::load_from_ssd() {
     // The prefix the RAM cache has, held while blocks are adopted (so that none of it is evicted for them).
     std::vector<int32_t> held;
     const int i = blocks_.acquire_prefix(tokens, max_blocks, held, s->block_hashes, /*count=*/false);
-    std::vector<std::byte> data;
-    int n = 0;  // blocks [i, i + n) read back from disk
-    while (i + n < max_blocks && ssd_->contains(blocks_.block_hash(tokens, s->block_hashes, i + n))) {
-      auto block = ssd_->read(s->block_hashes[i + n], tokens.subspan(static_cast<size_t>(i + n) * bs, bs));
-      if (!block) break;  // rejected and deleted: computed from here
-      data.insert(data.end(), block->begin(), block->end());
+    int n = 0;  // blocks [i, i + n) are on disk, read back (up to the first that fails its checks)
+    while (i + n < max_blocks && n < blocks_.n_free() && ssd_->contains(blocks_.block_hash(tokens, s->block_hashes, i + n)))
       ++n;
-    }
-    if (n == 0 && i < max_blocks) ssd_->note_miss();
-    if (n > 0) s->n_cached_ssd = adopt_blocks(tokens, i, n, data) * bs;
+    const std::vector<kvstore::SsdCache::Loaded> run =
+        ssd_->read_run(std::span(s->block_hashes).subspan(i, n), tokens.subspan(static_cast<size_t>(i) * bs));
+    if (run.empty() && i < max_blocks) ssd_->note_miss();
+    std::vector<std::span<const std::byte>> data;
+    for (const kvstore::SsdCache::Loaded& l : run) data.push_back(l.payload());
+    if (!data.empty()) s->n_cached_ssd = adopt_blocks(tokens, i, data) * bs;
     blocks_.release(held);
   }
 }
@@ -319,18 +321,22 @@ void Engine::load_from_ssd() {
 void Engine::save_to_ssd() {
   std::vector<int32_t> ids;
   std::vector<BlockManager::Committed> done;
-  for (const BlockManager::Committed& c : blocks_.take_committed())
-    if (blocks_.is_cached(c.hash) && !ssd_->contains(c.hash)) {
-      done.push_back(c);
-      ids.push_back(c.block);
+  const size_t room = ssd_->queue_room();  // (blocks past it would be dropped: not downloaded either)
+  int64_t over = 0;
+  for (const BlockManager::Committed& c : blocks_.take_committed()) {
+    if (!blocks_.is_cached(c.hash) || ssd_->contains(c.hash)) continue;
+    if (done.size() == room) {
+      ++over;
+      continue;
     }
-  if (ids.empty()) return;
-  const std::vector<std::byte> data = kvstore::read_blocks(model_.backend(), cache_, ids);
-  const size_t block_bytes = data.size() / ids.size();
-  for (size_t i = 0; i < done.size(); ++i) {
-    const std::vector<int32_t>& toks = blocks_.block_tokens(done[i].block);
-    ssd_->write(done[i].hash, toks, std::vector<std::byte>(data.begin() + i * block_bytes, data.begin() + (i + 1) * block_bytes));
+    done.push_back(c);
+    ids.push_back(c.block);
   }
+  ssd_->note_dropped(over);
+  if (ids.empty()) return;
+  // The copies run behind the next steps; the SSD writer waits for them, this thread does not.
+  const std::shared_ptr<const kvstore::BlockDownload> d = kvstore::start_read_blocks(model_.backend(), cache_, ids);
+  for (size_t i = 0; i < done.size(); ++i) ssd_->write(done[i].hash, blocks_.block_tokens(done[i].block), d, i);
 }
 
 int Engine::step() {

@@ -104,9 +104,9 @@ class Engine {
   // The SSD tier: before scheduling, waiting sequences' prefixes that continue on disk are read
   // into the prefix cache; after a step, the blocks it completed are queued for writing.
   void load_from_ssd();
-  // Adopts tokens' full blocks [first, first + count) into the prefix cache with their K/V (`data`
-  // holds those blocks); returns how many of them the cache holds after.
-  int adopt_blocks(std::span<const int32_t> tokens, int first, int count, std::span<const std::byte> data);
+  // Adopts tokens' full blocks [first, first + data.size()) into the prefix cache with their K/V
+  // (data[i]: block first + i's bytes); returns how many of them the cache holds after.
+  int adopt_blocks(std::span<const int32_t> tokens, int first, std::span<const std::span<const std::byte>> data);
   void save_to_ssd();
 
   model::Model& model_;

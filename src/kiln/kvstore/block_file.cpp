@@ -53,8 +53,10 @@ size_t block_header_size(const KvLayout& layout) {
 size_t block_file_size(const KvLayout& layout) { return block_header_size(layout) + layout.block_bytes + 8; }
 
 std::vector<std::byte> encode_block_file(uint64_t store_key, uint64_t chain_hash, std::span<const int32_t> tokens,
-                                         const KvLayout& layout, std::span<const std::byte> payload) {
-  KILN_ASSERT(tokens.size() == static_cast<size_t>(layout.block_size) && payload.size() == layout.block_bytes);
+                                         const KvLayout& layout, std::span<const std::span<const std::byte>> parts) {
+  size_t payload_bytes = 0;
+  for (std::span<const std::byte> p : parts) payload_bytes += p.size();
+  KILN_ASSERT(tokens.size() == static_cast<size_t>(layout.block_size) && payload_bytes == layout.block_bytes);
   std::vector<std::byte> out;
   out.reserve(block_file_size(layout));
   Writer w{out};
@@ -71,7 +73,7 @@ std::vector<std::byte> encode_block_file(uint64_t store_key, uint64_t chain_hash
     for (int64_t d : p.block_shape) w.put<int64_t>(d);
   }
   w.put_bytes(tokens.data(), tokens.size_bytes());
-  w.put_bytes(payload.data(), payload.size());
+  for (std::span<const std::byte> p : parts) w.put_bytes(p.data(), p.size());
   w.put<uint64_t>(XXH3_64bits(out.data(), out.size()));
   return out;
 }

@@ -18,8 +18,14 @@ namespace kiln::kvstore {
 
 inline constexpr uint32_t kBlockFileVersion = 1;
 
+// `parts` together are the payload (e.g. a block's planes as they came off the device).
 std::vector<std::byte> encode_block_file(uint64_t store_key, uint64_t chain_hash, std::span<const int32_t> tokens,
-                                         const KvLayout& layout, std::span<const std::byte> payload);
+                                         const KvLayout& layout, std::span<const std::span<const std::byte>> parts);
+inline std::vector<std::byte> encode_block_file(uint64_t store_key, uint64_t chain_hash,
+                                                std::span<const int32_t> tokens, const KvLayout& layout,
+                                                std::span<const std::byte> payload) {
+  return encode_block_file(store_key, chain_hash, tokens, layout, std::span(&payload, 1));
+}
 
 // The bytes a file of this layout has in all (header, payload, checksum).
 size_t block_file_size(const KvLayout& layout);

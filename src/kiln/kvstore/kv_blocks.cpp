@@ -68,33 +68,52 @@ Tensor block_ids(backend::Backend& be, std::span<const int32_t> blocks) {
 
 }  // namespace
 
-std::vector<std::byte> read_blocks(backend::Backend& be, const model::KvCache& cache, std::span<const int32_t> blocks) {
-  const KvLayout layout = KvLayout::of(cache);
+std::vector<std::span<const std::byte>> BlockDownload::block(size_t i) const {
+  std::vector<std::span<const std::byte>> parts;
+  parts.reserve(planes.size());
+  for (const Tensor& t : planes) {
+    const size_t pb = t.nbytes() / static_cast<size_t>(t.dim(0));
+    parts.emplace_back(static_cast<const std::byte*>(t.data) + i * pb, pb);
+  }
+  return parts;
+}
+
+std::shared_ptr<BlockDownload> start_read_blocks(backend::Backend& be, const model::KvCache& cache,
+                                                 std::span<const int32_t> blocks) {
+  auto d = std::make_shared<BlockDownload>();
   const size_t n = blocks.size();
-  std::vector<std::byte> out(n * layout.block_bytes);
-  if (n == 0) return out;
-  backend::StepScope scope(be);  // staging buffers from the step arena, not fresh allocations
+  if (n == 0) {
+    d->wait = [] {};
+    return d;
+  }
+  backend::StepScope scope(be);  // staging buffers from the step arena: later steps run after the copies
   const Tensor ids = block_ids(be, blocks);
-  size_t offset = 0;  // of the current plane within a block
-  const std::vector<const Tensor*> planes = cache.planes();
-  for (size_t p = 0; p < planes.size(); ++p) {
-    const Tensor rows = as_rows(*planes[p]);
+  for (const Tensor* plane : cache.planes()) {
+    const Tensor rows = as_rows(*plane);
     Tensor staged = be.alloc(rows.dtype, {static_cast<int64_t>(n), rows.cols()});
     be.gather_rows(rows, ids, staged);
-    const Tensor host = be.to_host(staged);
-    const size_t pb = layout.planes[p].bytes;
-    for (size_t i = 0; i < n; ++i)
-      std::memcpy(out.data() + i * layout.block_bytes + offset, static_cast<const std::byte*>(host.data) + i * pb, pb);
-    offset += pb;
+    d->planes.push_back(be.to_host_async(staged));
   }
+  d->wait = be.fence();
+  return d;
+}
+
+std::vector<std::byte> read_blocks(backend::Backend& be, const model::KvCache& cache, std::span<const int32_t> blocks) {
+  const std::shared_ptr<BlockDownload> d = start_read_blocks(be, cache, blocks);
+  d->wait();
+  std::vector<std::byte> out;
+  out.reserve(blocks.size() * KvLayout::of(cache).block_bytes);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    for (std::span<const std::byte> part : d->block(i)) out.insert(out.end(), part.begin(), part.end());
   return out;
 }
 
 void write_blocks(backend::Backend& be, model::KvCache& cache, std::span<const int32_t> blocks,
-                  std::span<const std::byte> data) {
+                  std::span<const std::span<const std::byte>> data) {
   const KvLayout layout = KvLayout::of(cache);
   const size_t n = blocks.size();
-  KILN_ASSERT(data.size() == n * layout.block_bytes);
+  KILN_ASSERT(data.size() == n);
+  for (std::span<const std::byte> b : data) KILN_ASSERT(b.size() == layout.block_bytes);
   if (n == 0) return;
   backend::StepScope scope(be);
   const Tensor ids = block_ids(be, blocks);
@@ -105,7 +124,7 @@ void write_blocks(backend::Backend& be, model::KvCache& cache, std::span<const i
     const size_t pb = layout.planes[p].bytes;
     Tensor host = Tensor::host(rows.dtype, {static_cast<int64_t>(n), rows.cols()});
     for (size_t i = 0; i < n; ++i)
-      std::memcpy(static_cast<std::byte*>(host.data) + i * pb, data.data() + i * layout.block_bytes + offset, pb);
+      std::memcpy(static_cast<std::byte*>(host.data) + i * pb, data[i].data() + offset, pb);
     be.scatter_rows(be.upload(host), ids, rows);
     offset += pb;
   }

@@ -6,6 +6,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,10 +35,22 @@ struct KvLayout {
   bool operator==(const KvLayout&) const = default;
 };
 
+// Blocks on their way off the device (start_read_blocks): per plane a host tensor
+// [n blocks, that plane's bytes of a block], complete once wait() has returned. The copies run
+// behind the engine's next steps; the writes that store the blocks share it.
+struct BlockDownload {
+  std::vector<Tensor> planes;
+  std::function<void()> wait;
+  // Block i's bytes, plane by plane (valid after wait()).
+  std::vector<std::span<const std::byte>> block(size_t i) const;
+};
+std::shared_ptr<BlockDownload> start_read_blocks(backend::Backend& be, const model::KvCache& cache,
+                                                 std::span<const int32_t> blocks);
 // The bytes of `blocks` (host, [blocks.size()][layout.block_bytes], block-major).
 std::vector<std::byte> read_blocks(backend::Backend& be, const model::KvCache& cache, std::span<const int32_t> blocks);
-// Writes data ([blocks.size()][block_bytes], as read_blocks returns) into `blocks` of the cache.
+// Writes one block's bytes per entry of `data` (block_bytes each, as read_blocks lays them out) into
+// `blocks` of the cache.
 void write_blocks(backend::Backend& be, model::KvCache& cache, std::span<const int32_t> blocks,
-                  std::span<const std::byte> data);
+                  std::span<const std::span<const std::byte>> data);
 
 }  // namespace kiln::kvstore

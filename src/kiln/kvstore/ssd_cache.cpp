@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "kiln/base/error.h"
 #include "kiln/base/log.h"
 #include "kiln/kvstore/block_file.h"
 
@@ -21,7 +23,9 @@ namespace {
 
 constexpr const char* kExt = ".kvb";
 // Bytes waiting for the writer at most (a long prompt's blocks arrive faster than a disk takes them).
+// They are pinned host memory on CUDA (the download pool keeps what it once held).
 constexpr uint64_t kMaxQueuedBytes = 2ull << 30;
+constexpr size_t kReadThreads = 8;
 
 std::string hex16(uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -174,49 +178,116 @@ void SsdCache::note_miss() {
   ++stats_.misses;
 }
 
-std::optional<std::vector<std::byte>> SsdCache::read(uint64_t chain_hash, std::span<const int32_t> tokens) {
-  const std::string path = path_of(chain_hash);
-  std::vector<std::byte> file;
-  std::string why;
+std::optional<SsdCache::Loaded> SsdCache::load(uint64_t chain_hash, std::span<const int32_t> tokens,
+                                               std::string& why) const {
+  Loaded got;
   BlockFileHeader h;
-  size_t at = 0;
-  if (!read_file(path, file, block_file_size(layout_) + 1)) why = "unreadable";
-  else at = check_block_file(file, key_, layout_, h, why);
+  const std::string path = path_of(chain_hash);
+  if (!read_file(path, got.file, block_file_size(layout_) + 1)) why = "unreadable";
+  else got.at = check_block_file(got.file, key_, layout_, h, why);
   if (why.empty() && h.chain_hash != chain_hash) why = "another chain hash than its name";
   if (why.empty() && !std::equal(tokens.begin(), tokens.end(), h.tokens.begin(), h.tokens.end()))
     why = "other tokens (a hash collision)";
-  std::lock_guard lk(mu_);
-  if (!why.empty()) {
+  if (!why.empty()) return std::nullopt;
+  got.file.resize(got.at + layout_.block_bytes);  // (the checksum after the payload)
+  return got;
+}
+
+void SsdCache::account(uint64_t chain_hash, const Loaded* got, const std::string& why) {
+  const std::string path = path_of(chain_hash);
+  if (!got) {
     log::warn("SSD cache: rejected {}: {}; it is deleted and recomputed", path, why);
     ++stats_.rejected;
     if (index_.count(chain_hash)) drop_entry(chain_hash, false);
     else ::unlink(path.c_str());
-    return std::nullopt;
+    return;
   }
   if (auto it = index_.find(chain_hash); it != index_.end()) {
     lru_.splice(lru_.end(), lru_, it->second.lru);  // most recently used
   } else {
-    add_entry(chain_hash, file.size());  // another process wrote it
+    add_entry(chain_hash, block_file_size(layout_));  // another process wrote it
   }
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // the recency survives a restart
   ++stats_.hits;
-  stats_.bytes_read += static_cast<int64_t>(file.size());
-  return std::vector<std::byte>(file.begin() + static_cast<ptrdiff_t>(at),
-                                file.begin() + static_cast<ptrdiff_t>(at + layout_.block_bytes));
+  stats_.bytes_read += static_cast<int64_t>(block_file_size(layout_));
 }
 
-void SsdCache::write(uint64_t chain_hash, std::vector<int32_t> tokens, std::vector<std::byte> payload) {
+std::optional<std::vector<std::byte>> SsdCache::read(uint64_t chain_hash, std::span<const int32_t> tokens) {
+  std::string why;
+  std::optional<Loaded> got = load(chain_hash, tokens, why);
+  std::lock_guard lk(mu_);
+  account(chain_hash, got ? &*got : nullptr, why);
+  if (!got) return std::nullopt;
+  const std::span<const std::byte> p = got->payload();
+  return std::vector<std::byte>(p.begin(), p.end());
+}
+
+std::vector<SsdCache::Loaded> SsdCache::read_run(std::span<const uint64_t> hashes, std::span<const int32_t> tokens) {
+  const size_t n = hashes.size(), bs = static_cast<size_t>(layout_.block_size);
+  KILN_ASSERT(tokens.size() >= n * bs);
+  std::vector<std::optional<Loaded>> got(n);
+  std::vector<std::string> why(n);
+  // Reader threads take the blocks in turn; a failed block stops those after it being read.
+  std::atomic<size_t> next{0}, first_bad{n};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < first_bad.load();) {
+      got[i] = load(hashes[i], tokens.subspan(i * bs, bs), why[i]);
+      if (!got[i]) {
+        size_t cur = first_bad.load();
+        while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
+        }
+      }
+    }
+  };
+  const size_t n_threads = std::min<size_t>(n, kReadThreads);
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < n_threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  std::vector<Loaded> run;
+  std::lock_guard lk(mu_);
+  for (size_t i = 0; i < n; ++i) {
+    account(hashes[i], got[i] ? &*got[i] : nullptr, why[i]);
+    if (!got[i]) break;
+    run.push_back(std::move(*got[i]));
+  }
+  return run;
+}
+
+void SsdCache::write(uint64_t chain_hash, std::vector<int32_t> tokens, std::shared_ptr<const BlockDownload> from,
+                     size_t i) {
   {
     std::lock_guard lk(mu_);
-    if (!stats_.writable || !writer_.joinable() || queued_bytes_ + payload.size() > kMaxQueuedBytes) {
+    if (!stats_.writable || !writer_.joinable() || queued_bytes_ + layout_.block_bytes > kMaxQueuedBytes) {
       ++stats_.dropped;
       return;
     }
     if (index_.count(chain_hash)) return;
-    queued_bytes_ += payload.size();
-    queue_.push_back({chain_hash, std::move(tokens), std::move(payload)});
+    queued_bytes_ += layout_.block_bytes;
+    queue_.push_back({chain_hash, std::move(tokens), std::move(from), i});
   }
   cv_.notify_one();
+}
+
+void SsdCache::write(uint64_t chain_hash, std::vector<int32_t> tokens, std::vector<std::byte> payload) {
+  KILN_ASSERT(payload.size() == layout_.block_bytes);
+  auto d = std::make_shared<BlockDownload>();
+  Tensor t = Tensor::host(DType::u8, {1, static_cast<int64_t>(payload.size())});
+  std::memcpy(t.data, payload.data(), payload.size());
+  d->planes.push_back(std::move(t));
+  d->wait = [] {};
+  write(chain_hash, std::move(tokens), std::move(d), 0);
+}
+
+void SsdCache::note_dropped(int64_t blocks) {
+  std::lock_guard lk(mu_);
+  stats_.dropped += blocks;
+}
+
+size_t SsdCache::queue_room() const {
+  std::lock_guard lk(mu_);
+  if (!stats_.writable || !writer_.joinable()) return 0;
+  return (kMaxQueuedBytes - std::min(queued_bytes_, kMaxQueuedBytes)) / std::max<size_t>(layout_.block_bytes, 1);
 }
 
 void SsdCache::flush() {
@@ -247,7 +318,7 @@ void SsdCache::writer_loop() {
     lk.unlock();
     store(j);
     lk.lock();
-    queued_bytes_ -= j.payload.size();
+    queued_bytes_ -= layout_.block_bytes;
     busy_ = false;
     if (queue_.empty()) idle_.notify_all();
   }
@@ -258,7 +329,16 @@ void SsdCache::store(const Job& j) {
     std::lock_guard lk(mu_);
     if (index_.count(j.hash) || !stats_.writable) return;
   }
-  const std::vector<std::byte> bytes = encode_block_file(key_, j.hash, j.tokens, layout_, j.payload);
+  std::vector<std::byte> bytes;
+  try {
+    j.from->wait();  // the download's copies (at once after the first of its blocks)
+    bytes = encode_block_file(key_, j.hash, j.tokens, layout_, j.from->block(j.index));
+  } catch (const std::exception& e) {
+    std::lock_guard lk(mu_);
+    ++stats_.dropped;
+    writing_failed(fmt::format("a block's download failed ({})", e.what()));
+    return;
+  }
   const std::string path = path_of(j.hash);
   const std::string why = write_atomic(fmt::format("{}.tmp{}", path, ::getpid()), path, bytes);
   std::lock_guard lk(mu_);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -58,10 +59,26 @@ class SsdCache {
   // The payload of the block with this chain hash and these tokens, or nothing (a file that fails a
   // check is deleted and counted as rejected).
   std::optional<std::vector<std::byte>> read(uint64_t chain_hash, std::span<const int32_t> tokens);
+  // A read block file: its bytes and where the payload starts.
+  struct Loaded {
+    std::vector<std::byte> file;
+    size_t at = 0;
+    std::span<const std::byte> payload() const { return std::span(file).subspan(at); }
+  };
+  // The blocks hashes[0..k) for the longest k whose files all pass their checks (block i's tokens
+  // are tokens[i * block_size, (i + 1) * block_size)). The files are read in parallel (a disk
+  // serves several reads at once far faster than one after another); the first that fails is
+  // deleted and counted, and ends the run.
+  std::vector<Loaded> read_run(std::span<const uint64_t> hashes, std::span<const int32_t> tokens);
   void note_miss();
-  // Queues a block for writing (dropped when it is on disk already, 2 GiB wait in the queue or
-  // writing is off).
+  // Queues block i of a download for writing (dropped when it is on disk already, the queue holds
+  // kMaxQueuedBytes or writing is off); the writer waits for the download, the engine thread never.
+  void write(uint64_t chain_hash, std::vector<int32_t> tokens, std::shared_ptr<const BlockDownload> from, size_t i);
   void write(uint64_t chain_hash, std::vector<int32_t> tokens, std::vector<std::byte> payload);
+  // How many more blocks the queue takes now (so the engine downloads no block it would drop), and
+  // blocks the engine left out for that.
+  size_t queue_room() const;
+  void note_dropped(int64_t blocks);
   void flush();  // returns when the queue is empty
   SsdStats stats() const;
 
@@ -73,9 +90,14 @@ class SsdCache {
   struct Job {
     uint64_t hash;
     std::vector<int32_t> tokens;
-    std::vector<std::byte> payload;
+    std::shared_ptr<const BlockDownload> from;
+    size_t index;
   };
   std::string path_of(uint64_t hash) const;
+  // Reads and checks one file (no lock held); `why` says what is wrong with it.
+  std::optional<Loaded> load(uint64_t chain_hash, std::span<const int32_t> tokens, std::string& why) const;
+  // Counts a load: a hit refreshes its recency, a failure deletes the file (mu_ held).
+  void account(uint64_t chain_hash, const Loaded* got, const std::string& why);
   void scan();
   void writer_loop();
   void store(const Job& j);

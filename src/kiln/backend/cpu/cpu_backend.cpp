@@ -44,6 +44,12 @@ Tensor CpuBackend::alloc(DType t, Shape s) { return Tensor::host(t, std::move(s)
 Tensor CpuBackend::upload(const Tensor& host) { return host; }  // host memory is device memory here
 Tensor CpuBackend::to_host(const Tensor& t) { return t; }
 
+Tensor CpuBackend::to_host_async(const Tensor& t) {
+  Tensor h = Tensor::host(t.dtype, t.shape);
+  std::memcpy(h.data, t.data, t.nbytes());
+  return h;
+}
+
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   checks::copy("cpu", src, dst);
   if (src.data != dst.data) std::memmove(dst.data, src.data, src.nbytes());

@@ -34,6 +34,8 @@ class CpuBackend final : public Backend {
   Tensor alloc(DType t, Shape s) override;
   Tensor upload(const Tensor& host) override;
   Tensor to_host(const Tensor& t) override;
+  Tensor to_host_async(const Tensor& t) override;
+  std::function<void()> fence() override { return [] {}; }
   void copy(const Tensor& src, Tensor& dst) override;
   void fill_zero(Tensor& t) override;
 

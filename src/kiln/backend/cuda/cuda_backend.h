@@ -37,6 +37,8 @@ class CudaBackend final : public Backend {
   Tensor alloc(DType t, Shape s) override;
   Tensor upload(const Tensor& host) override;
   Tensor to_host(const Tensor& t) override;
+  Tensor to_host_async(const Tensor& t) override;
+  std::function<void()> fence() override;
   void copy(const Tensor& src, Tensor& dst) override;
   void fill_zero(Tensor& t) override;
   void synchronize() override;

@@ -222,30 +222,52 @@ Tensor CudaBackend::upload(const Tensor& host) {
   return d;
 }
 
-Tensor CudaBackend::to_host(const Tensor& t) {
-  Impl& im = *impl_;
-  if (t.device != Device::cuda) return t;
+Tensor CudaBackend::Impl::download(const Tensor& t, bool wait) {
   const size_t n = t.nbytes();
   // A pinned buffer nobody else holds (use_count 1), else a new one: results handed out earlier
   // stay valid as long as the caller keeps them.
   std::shared_ptr<PinnedBuf> buf;
-  for (auto& b : im.download_pool)
+  for (auto& b : download_pool)
     if (b.use_count() == 1 && b->bytes >= n) {
       buf = b;
       break;
     }
   if (!buf) {
     buf = pinned(n);
-    im.download_pool.push_back(buf);
+    download_pool.push_back(buf);
   }
-  if (n) CUDA_CHECK(cudaMemcpyAsync(buf->ptr, t.data, n, cudaMemcpyDeviceToHost, im.stream));
-  CUDA_CHECK(cudaStreamSynchronize(im.stream));
-  if (im.profile) im.flush_profile();
+  if (n) CUDA_CHECK(cudaMemcpyAsync(buf->ptr, t.data, n, cudaMemcpyDeviceToHost, stream));
+  if (wait) {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (profile) flush_profile();
+  }
   Tensor h = t;
   h.device = Device::cpu;
   h.data = buf->ptr;
   h.holder = std::shared_ptr<void>(buf, buf->ptr);
   return h;
+}
+
+Tensor CudaBackend::to_host(const Tensor& t) {
+  return t.device == Device::cuda ? impl_->download(t, /*wait=*/true) : t;
+}
+
+Tensor CudaBackend::to_host_async(const Tensor& t) {
+  if (t.device == Device::cuda) return impl_->download(t, /*wait=*/false);
+  Tensor h = Tensor::host(t.dtype, t.shape);
+  std::memcpy(h.data, t.data, t.nbytes());
+  return h;
+}
+
+std::function<void()> CudaBackend::fence() {
+  cudaEvent_t ev = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(ev, impl_->stream));
+  std::shared_ptr<CUevent_st> keep(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
+  return [keep, device = impl_->device] {
+    CUDA_CHECK(cudaSetDevice(device));  // (the waiting thread may not have made it current)
+    CUDA_CHECK(cudaEventSynchronize(keep.get()));
+  };
 }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {

@@ -99,6 +99,8 @@ struct CudaBackend::Impl {
   std::shared_ptr<PinnedBuf> staging;  // pinned host memory for uploads inside a step
   size_t staging_top = 0;
   std::vector<std::shared_ptr<PinnedBuf>> download_pool;  // pinned buffers handed out by to_host
+  // t's bytes into a pinned buffer of download_pool; wait = synchronize before returning.
+  Tensor download(const Tensor& t, bool wait);
 
   // ---- graphs
   enum class Mode { eager, capture, replay } mode = Mode::eager;
