@@ -1,7 +1,8 @@
 // CPU paged attention and kv_write against a plain double-precision reference: several sequences
 // of different lengths in one ragged batch (first token, full prefill, prefill chunk, decode),
 // shuffled block tables over a NaN-poisoned cache, GQA ratios 1/2/4, head_dim 8/16/64/128,
-// sliding window and softcap on/off, at every SIMD level this machine supports.
+// sliding window and softcap on/off, the rotating cache's sink keys before a window (the blocks no
+// token sees then point at never-written NaN blocks), at every SIMD level this machine supports.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,7 +26,7 @@ struct Seq {
 // Builds the cache for `seqs` through kv_write, runs attention for every sequence's query tokens
 // and compares each output with a double-precision softmax over the visible keys.
 void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, int n_kv_heads, int gqa, int head_dim,
-                     int window, float softcap, int block_size) {
+                     int window, float softcap, int block_size, int sink = 0) {
   Backend* be = &backend;
   AttnParams p;
   p.n_kv_heads = n_kv_heads;
@@ -34,6 +35,7 @@ void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, i
   p.scale = 1.3f / std::sqrt(float(head_dim));
   p.softcap = softcap;
   p.window = window;
+  p.sink = sink;
   p.block_size = block_size;
   const int64_t kv_width = int64_t{p.n_kv_heads} * head_dim, q_width = int64_t{p.n_heads} * head_dim;
 
@@ -76,6 +78,25 @@ void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, i
   }
   be->kv_write(k_all, v_all, slots, k_cache, v_cache);
 
+  // The keys position pos sees: [0, min(sink, lo)) then [lo, pos].
+  auto visible = [&](int64_t pos) {
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+    std::vector<int64_t> keys;
+    for (int64_t j = 0; j < std::min<int64_t>(window > 0 ? sink : 0, lo); ++j) keys.push_back(j);
+    for (int64_t j = lo; j <= pos; ++j) keys.push_back(j);
+    return keys;
+  };
+  // With a sink: the blocks none of a sequence's query tokens sees now point at a spare block (never
+  // written: NaN), as the engine's given-back blocks may point anywhere.
+  if (sink > 0)
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      std::vector<bool> seen((seqs[s].len + block_size - 1) / block_size, false);
+      for (int64_t j = seqs[s].len - seqs[s].n_query; j < seqs[s].len; ++j)
+        for (int64_t key : visible(j)) seen[key / block_size] = true;
+      for (size_t b = 0; b < seen.size(); ++b)
+        if (!seen[b]) tables.ptr<int32_t>()[s * p.max_blocks + b] = perm[n_blocks - 1];
+    }
+
   // The ragged batch: each sequence's query tokens.
   std::vector<int32_t> tseq, tpos;
   for (int64_t s = 0; s < int64_t(seqs.size()); ++s)
@@ -97,11 +118,11 @@ void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, i
   for (int64_t t = 0; t < n; ++t)
     for (int h = 0; h < p.n_heads; ++h) {
       const int kvh = h / gqa;
-      const int64_t hi = tpos[t], lo = window > 0 ? std::max<int64_t>(0, hi - window + 1) : 0;
+      const std::vector<int64_t> keys = visible(tpos[t]);
       const float* qv = q.ptr<float>() + t * q_width + h * head_dim;
       std::vector<double> sc;
       double mx = -1e300;
-      for (int64_t j = lo; j <= hi; ++j) {
+      for (int64_t j : keys) {
         const float* kv = K + (base[tseq[t]] + j) * kv_width + kvh * head_dim;
         double d = 0;
         for (int i = 0; i < head_dim; ++i) d += double(qv[i]) * kv[i];
@@ -114,8 +135,8 @@ void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, i
       for (double& d : sc) sum += (d = std::exp(d - mx));
       for (int i = 0; i < head_dim; ++i) {
         double ref = 0;
-        for (int64_t j = lo; j <= hi; ++j)
-          ref += sc[j - lo] / sum * V[(base[tseq[t]] + j) * kv_width + kvh * head_dim + i];
+        for (size_t c = 0; c < keys.size(); ++c)
+          ref += sc[c] / sum * V[(base[tseq[t]] + keys[c]) * kv_width + kvh * head_dim + i];
         // a convex combination of |v| <= 1 values: 1e-5 absolute is ~100 f32 ulps of the scale
         ASSERT_NEAR(out.ptr<float>()[t * q_width + h * head_dim + i], ref, 1e-5)
             << "token " << t << " head " << h << " dim " << i;
@@ -136,6 +157,25 @@ TEST_P(CpuAttention, PagedRaggedMatchesReference) {
             SCOPED_TRACE(fmt::format("gqa={} head_dim={} window={} softcap={} block_size={}", gqa, head_dim, window,
                                      softcap, block_size));
             check_attention(*be, rng, seqs, 2, gqa, head_dim, window, softcap, block_size);
+            if (HasFatalFailure()) return;
+          }
+}
+
+// The rotating cache (--max-kv-size): sink keys [0, sink) besides the window, for decodes deep past
+// the window, prefill chunks whose rows' windows start in different blocks, and windows that still
+// reach the sink (nothing extra); blocks no query token sees are NaN blocks.
+TEST_P(CpuAttention, SinkAndWindowMatchReference) {
+  Rng rng("CpuAttention.SinkWindow");
+  auto be = backend();
+  const std::vector<Seq> seqs = {{1, 1}, {70, 1}, {9, 9}, {90, 37}, {130, 2}, {12, 3}};
+  for (int gqa : {1, 4})
+    for (int head_dim : {16, 64})
+      for (int window : {6, 20})
+        for (int sink : {1, 4, 7})
+          for (int block_size : {1, 4, 16}) {
+            SCOPED_TRACE(fmt::format("gqa={} head_dim={} window={} sink={} block_size={}", gqa, head_dim, window, sink,
+                                     block_size));
+            check_attention(*be, rng, seqs, 2, gqa, head_dim, window, 0.0f, block_size, sink);
             if (HasFatalFailure()) return;
           }
 }

@@ -273,12 +273,14 @@ class CudaAttention : public CudaOps {
     static_cast<cuda::CudaBackend&>(*gpu_).set_attention_kernel(static_cast<cuda::AttnKernel>(k));
 #endif
   }
+  // sink > 0: the rotating cache's first keys besides the window; the blocks no query token of a
+  // sequence sees then point at a spare block (random rows the CPU reference never reads).
   void check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs, bool shuffle,
-             int n_kv_heads = 2);
+             int n_kv_heads = 2, int sink = 0);
 };
 
 void CudaAttention::check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs,
-                          bool shuffle, int n_kv_heads) {
+                          bool shuffle, int n_kv_heads, int sink) {
   AttnParams p;
   p.n_kv_heads = n_kv_heads;
   p.n_heads = n_kv_heads * gqa;
@@ -286,6 +288,7 @@ void CudaAttention::check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int h
   p.scale = 1.0f / std::sqrt(float(hd));
   p.softcap = softcap;
   p.window = window;
+  p.sink = sink;
   p.block_size = bs;
   const int64_t kv_width = int64_t{p.n_kv_heads} * hd, q_width = int64_t{p.n_heads} * hd;
   int64_t need = 0, max_blocks = 0;
@@ -302,6 +305,17 @@ void CudaAttention::check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int h
   int64_t next = 0;
   for (size_t s = 0; s < seqs.size(); ++s)
     for (int64_t b = 0; b < (seqs[s].len + bs - 1) / bs; ++b) tables[s * p.max_blocks + b] = perm[next++];
+  if (sink > 0 && window > 0)
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      std::vector<bool> seen((seqs[s].len + bs - 1) / bs, false);
+      for (int64_t j = seqs[s].len - seqs[s].n_query; j < seqs[s].len; ++j) {
+        const int64_t lo = std::max<int64_t>(0, j - window + 1);
+        for (int64_t k = 0; k < std::min<int64_t>(sink, lo); ++k) seen[k / bs] = true;
+        for (int64_t k = lo; k <= j; ++k) seen[k / bs] = true;
+      }
+      for (size_t b = 0; b < seen.size(); ++b)
+        if (!seen[b]) tables[s * p.max_blocks + b] = perm[n_blocks - 1];
+    }
   // Cache contents: random everywhere (also rows no sequence owns); tokens: each sequence's queries.
   Tensor kc = act(rng, {n_blocks, bs, kv_width}), vc = act(rng, {n_blocks, bs, kv_width});
   std::vector<int32_t> tseq, tpos;
@@ -408,6 +422,25 @@ TEST_F(CudaAttention, PrefillGroupsAndRaggedTiles) {
     SCOPED_TRACE(fmt::format("chunked group {}", gqa));
     check(rng, ragged, gqa, 64, 0, 0.0f, 16, true, 1);
   }
+}
+
+// The rotating cache (--max-kv-size): sink keys before the window, for decodes (split-K over the
+// sink then the window: the splits' virtual key runs) and prefill rows (the extra sink pass per
+// sequence), windows that still reach the sink, blocks smaller than the sink, and the blocks no
+// token sees pointing elsewhere.
+TEST_F(CudaAttention, RotatingSinkAndWindow) {
+  Rng rng("CudaAttention.Rotating");
+  const std::vector<Seq> mixed = {{1, 1}, {70, 1}, {9, 9}, {300, 100}, {2000, 1}, {130, 2}, {45, 45}};
+  for (int gqa : {1, 4, 8})
+    for (int hd : {16, 64, 128, 256})
+      for (int window : {20, 60})
+        for (int sink : {4, 7}) {
+          SCOPED_TRACE(fmt::format("gqa={} head_dim={} window={} sink={}", gqa, hd, window, sink));
+          check(rng, mixed, gqa, hd, window, 0.0f, 16, false, 2, sink);
+        }
+  SCOPED_TRACE("blocks of 4, interleaved tokens, softcap");
+  check(rng, mixed, 4, 128, 60, 30.0f, 4, true, 2, 4);
+  check(rng, {{5000, 1}, {3000, 300}}, 4, 128, 1020, 0.0f, 16, false, 2, 4);
 }
 
 TEST_F(CudaAttention, PrefillLongPrompts) {

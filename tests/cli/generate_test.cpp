@@ -140,3 +140,35 @@ TEST(GenerateErrors, MalformedConfigJson) {
   expect_one_line_error(run_kiln({"generate", "--model", dir}), "config.json");
   fs::remove_all(dir);
 }
+
+// --max-kv-size (the rotating KV cache): a 400-token generation past a 64-token window runs; a
+// window as long as the whole run prints what the plain cache does; bad values are refused by name;
+// a prompt cache file is only continued with the --max-kv-size it was made with.
+TEST(Generate, MaxKvSizeRotatesAndRefusesBadValues) {
+  auto r = run_kiln({"generate", "--max-kv-size", "64", "--max-tokens", "400", "--temp", "0", "--verbose"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  auto plain = run_kiln({"generate", "--max-tokens", "300", "--temp", "0"});
+  auto roomy = run_kiln({"generate", "--max-kv-size", "400", "--max-tokens", "300", "--temp", "0"});
+  ASSERT_EQ(roomy.exit_code, 0) << roomy.err;
+  EXPECT_EQ(roomy.out, plain.out);
+  for (const char* bad : {"3", "4", "-2", "x"}) {
+    auto b = run_kiln({"generate", "--max-kv-size", bad, "--max-tokens", "5"});
+    EXPECT_NE(b.exit_code, 0) << bad;
+    EXPECT_NE(b.err.find(std::string(bad) + " is not a whole number more than 4"), std::string::npos) << b.err;
+  }
+
+  std::string dir = kiln::test::make_temp_dir("kiln-rot-");
+  const std::string file = dir + "/p.safetensors";
+  const std::string story = "Once upon a time, there was a little girl named Lily. She loved to play outside.";
+  auto made = run_kiln({"cache-prompt", "--max-kv-size", "16", "--prompt", story, "--prompt-cache-file", file});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  auto other = run_kiln({"generate", "--prompt-cache-file", file, "--prompt", " She", "--max-tokens", "5"});
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.err.find("made with --max-kv-size 16 and this run has no --max-kv-size"), std::string::npos)
+      << other.err;
+  auto same = run_kiln({"generate", "--max-kv-size", "16", "--prompt-cache-file", file, "--prompt", " She",
+                        "--max-tokens", "5"});
+  EXPECT_EQ(same.exit_code, 0) << same.err;
+  fs::remove_all(dir);
+}

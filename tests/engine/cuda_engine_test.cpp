@@ -2,14 +2,18 @@
 // memory once warm, and gives exactly the tokens of the same backend run eagerly (graphs off) —
 // the graph is the same kernels on the same addresses, so the results must be identical. Also the
 // sampled (temperature) path, which draws on the device (cuda_sampling_test.cpp checks its statistics).
+// The rotating cache (max_kv_size): graphs match eager, a sequence holds a bounded number of
+// blocks, and its tokens equal a dense reference's (every block kept, the same mask and inputs).
 // Reports SKIPPED where no CUDA device is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
 #include "kiln/engine/engine.h"
 #include "kiln/engine/loader.h"
+#include "kiln/engine/model_runner.h"
 #ifdef KILN_HAVE_CUDA
 #include "kiln/backend/cuda/cuda_backend.h"
 #endif
@@ -26,9 +30,11 @@ std::string shared_dir() {
 struct GenRun {
   std::map<int64_t, std::vector<int32_t>> tokens;
   int64_t mallocs_after_warmup = -1, mallocs_end = -1, replays = 0;
+  int max_used = 0;  // blocks held, the most at any step
 };
 
-GenRun generate(engine::LoadedModel& m, bool graphs, int n_seqs, int max_tokens, float temperature) {
+GenRun generate(engine::LoadedModel& m, bool graphs, int n_seqs, int max_tokens, float temperature,
+                int max_kv_size = 0) {
   GenRun r;
 #ifdef KILN_HAVE_CUDA
   auto& be = static_cast<backend::cuda::CudaBackend&>(*m.backend);
@@ -38,6 +44,7 @@ GenRun generate(engine::LoadedModel& m, bool graphs, int n_seqs, int max_tokens,
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = n_seqs;
   ec.n_blocks = n_seqs * 16;
+  ec.max_kv_size = max_kv_size;
   engine::Engine eng(*m.model, ec);
   for (int s = 0; s < n_seqs; ++s) {
     engine::Request q;
@@ -55,6 +62,7 @@ GenRun generate(engine::LoadedModel& m, bool graphs, int n_seqs, int max_tokens,
   while (eng.has_work()) {
     eng.step();
     ++steps;
+    r.max_used = std::max(r.max_used, eng.blocks().n_used());
 #ifdef KILN_HAVE_CUDA
     if (steps == 12) r.mallocs_after_warmup = be.stats().device_mallocs;
 #endif
@@ -91,6 +99,48 @@ TEST(CudaEngine, GraphsMatchEagerAndDecodeAllocatesNothing) {
   GenRun s1 = generate(*m, true, 3, 30, 0.8f), s2 = generate(*m, false, 3, 30, 0.8f);
   size_t j = 0;
   for (auto& [id, toks] : s1.tokens) EXPECT_EQ(toks, std::next(s2.tokens.begin(), static_cast<long>(j++))->second);
+}
+
+TEST(CudaEngine, RotatingCacheGraphsMatchEagerAndTheDenseReference) {
+  if (!backend::cuda_device_available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  engine::LoadOptions opt;
+  opt.device = "cuda";
+  auto m = engine::load_model(shared_dir() + "/models/stories260K", opt);
+  // 3 sequences, 300 tokens each past a 64-token rotating cache (16 blocks each would not hold them).
+  GenRun eager = generate(*m, false, 3, 300, 0.0f, 64), graphed = generate(*m, true, 3, 300, 0.0f, 64);
+  ASSERT_EQ(graphed.tokens.size(), 3u);
+  size_t i = 0;
+  for (auto& [id, toks] : graphed.tokens) {
+    EXPECT_EQ(toks, std::next(eager.tokens.begin(), static_cast<long>(i++))->second) << "sequence " << i;
+    EXPECT_EQ(toks.size(), 300u);
+  }
+  EXPECT_LE(graphed.max_used, 3 * 6);
+
+  // One sequence against the dense reference: the prompt as one chunk, then one token per step,
+  // each over a block table as long as the engine's (so the kernels see the same shapes) but with
+  // every block kept.
+  GenRun one = generate(*m, false, 1, 300, 0.0f, 64);
+  EXPECT_LE(one.max_used, 6);
+  std::vector<int32_t> tokens = {1, 20, 27, 34};  // generate()'s prompt of sequence 0
+  auto kv = model::KvCache::allocate(m->model->backend(), m->config, 32, 16);
+  kv.max_kv_size = 64;
+  engine::ModelRunner runner(*m->model, kv);
+  std::vector<int32_t> blocks(32);
+  for (int b = 0; b < 32; ++b) blocks[b] = 31 - b;
+  const auto table = [&](int n) { return std::span<const int32_t>(blocks).first((n + 15) / 16); };
+  std::vector<int32_t> ref;
+  int start = 0, n = static_cast<int>(tokens.size());
+  while (ref.size() < 300) {
+    engine::SeqChunk c{tokens, start, n, table(start + n), 1, nullptr};
+    Tensor l = runner.logits({&c, 1});
+    const float* row = l.ptr<float>();
+    const int32_t tok = static_cast<int32_t>(std::max_element(row, row + l.numel()) - row);
+    ref.push_back(tok);
+    tokens.push_back(tok);
+    start += n;
+    n = 1;
+  }
+  EXPECT_EQ(one.tokens.begin()->second, ref);
 }
 
 }  // namespace

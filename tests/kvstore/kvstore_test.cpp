@@ -363,3 +363,31 @@ TEST(PromptCacheFile, EveryMismatchAndDamageIsRefusedSayingWhich) {
   spit(bad, std::as_bytes(std::span(s)));
   EXPECT_NE(error_of([&] { load_prompt_cache(bad); }).find("version 7"), std::string::npos);
 }
+
+TEST(PromptCacheFile, RotatingCacheSettingRoundTripsAndMustMatch) {
+  TempDir d;
+  const std::string plain = (d.p / "plain.safetensors").string(), rot = (d.p / "rot.safetensors").string();
+  save_prompt_cache(plain, sample_cache());
+  PromptCache pc = sample_cache();
+  pc.max_kv_size = 64;
+  save_prompt_cache(rot, pc);
+  const PromptCache a = load_prompt_cache(plain), b = load_prompt_cache(rot);
+  EXPECT_EQ(a.max_kv_size, 0);
+  EXPECT_EQ(b.max_kv_size, 64);
+  EXPECT_NO_THROW(check_prompt_cache_rotation(a, plain, 0));
+  EXPECT_NO_THROW(check_prompt_cache_rotation(b, rot, 64));
+  EXPECT_NE(error_of([&] { check_prompt_cache_rotation(a, plain, 64); }).find("made with no --max-kv-size"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { check_prompt_cache_rotation(b, rot, 0); }).find("made with --max-kv-size 64"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { check_prompt_cache_rotation(b, rot, 128); }).find("--max-kv-size 128"), std::string::npos);
+  // The setting is under the checksum: edited in place, the file is refused.
+  const auto bytes = slurp(rot);
+  std::string s(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const size_t at = s.find("\"max_kv_size\":\"64\"");
+  ASSERT_NE(at, std::string::npos);
+  s[at + 15] = '9';
+  const std::string bad = (d.p / "bad.safetensors").string();
+  spit(bad, std::as_bytes(std::span(s)));
+  EXPECT_NE(error_of([&] { load_prompt_cache(bad); }).find("checksum"), std::string::npos);
+}

@@ -26,13 +26,16 @@ struct Weight {
 
 // Attention over the paged KV cache for a ragged batch. Token t belongs to sequence
 // token_seq[t] at absolute position token_pos[t]; it attends to that sequence's cached keys at
-// positions j with j <= token_pos[t] (causal) and, when window > 0, j > token_pos[t] - window.
-// Key j of sequence s lives in block block_tables[s * max_blocks + j / block_size], row j % block_size.
+// positions j with j <= token_pos[t] (causal) and, when window > 0, j > token_pos[t] - window;
+// with sink > 0 (and a window) also at j < sink: the rotating cache (mlx-lm's RotatingKVCache) keeps
+// the first `sink` keys besides the window. A block holding no key visible to a sequence's tokens
+// is not used (its block-table entry may name any block of the cache). Key j of sequence s lives in block block_tables[s * max_blocks + j / block_size], row j % block_size.
 struct AttnParams {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   float scale = 1.0f;    // multiplies q·k
   float softcap = 0.0f;  // > 0: scores = softcap * tanh(scores / softcap)
   int window = 0;        // sliding window in tokens, 0 = full
+  int sink = 0;          // with window > 0: keys j < sink stay visible too (0 = none)
   int block_size = 0;
   int max_blocks = 0;    // row stride of block_tables
 };
@@ -49,6 +52,7 @@ struct DecoderLayerRef {
   Tensor* k_cache = nullptr;  // [n_blocks, block_size, n_kv_heads * head_dim]
   Tensor* v_cache = nullptr;
   int window = 0;  // sliding window in tokens, 0 = full
+  int sink = 0;    // keys kept before the window (AttnParams::sink); the CUDA fused decoder has none
 };
 struct DecoderStackArgs {
   std::span<const DecoderLayerRef> layers;

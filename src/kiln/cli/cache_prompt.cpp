@@ -66,7 +66,8 @@ void run_cache_prompt(const CachePromptArgs& a) {
   pc.tokens = ids;
   pc.layout = kvstore::KvLayout::of(eng.kv_cache());
   pc.n_layers = m->config.n_layers;
-  pc.n_blocks = eng.export_prefix(ids, pc.data);
+  pc.n_blocks = eng.export_prefix(ids, pc.data);  // (a rotating cache: the blocks before max_kv_size)
+  pc.max_kv_size = a.model.max_kv_size;
   kvstore::save_prompt_cache(a.file, pc);
   std::printf("Saved %s: %d tokens (K/V of %d), %.1f MB, prefilled in %.2f s (%.1f tokens/s)\n", a.file.c_str(), total,
               pc.n_cached_tokens(), pc.data.size() / 1e6, s, total / std::max(s, 1e-9));
@@ -78,6 +79,7 @@ void add_cache_prompt(CLI::App& app) {
   auto a = std::make_shared<CachePromptArgs>();
   CLI::App* cmd = app.add_subcommand("cache-prompt", "Prefill a prompt and save its KV cache to a file for later runs");
   a->model.add_to(cmd);
+  a->model.add_max_kv_size_to(cmd);
   cmd->add_option("-p,--prompt", a->prompt, "The prompt to cache; \"-\" reads it from stdin")->required();
   cmd->add_option("--prompt-cache-file", a->file, "The file to write (safetensors)")->required();
   a->chat.add_to(cmd);

@@ -177,6 +177,7 @@ void add_chat(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Random seed");
   o->spec.add_to(cmd, 2);  // as kiln generate (mlx_lm.generate's default)
   o->prompt_cache.add_to(cmd);
+  o->model.add_max_kv_size_to(cmd);
   cmd->add_flag("--verbose", o->verbose,
                 "After each answer, print prompt tokens reused from the cache vs prefilled and, when drafting, the "
                 "answer's drafts accepted");

@@ -144,6 +144,7 @@ void add_generate(CLI::App& app) {
   a->chat.add_to(cmd);
   a->spec.add_to(cmd, 2);  // mlx_lm.generate's default
   a->prompt_cache.add_to(cmd);
+  a->model.add_max_kv_size_to(cmd);
   cmd->add_flag("--verbose", a->verbose,
                 "Print prompt and generation speed, peak memory and, when drafting, how many drafts were accepted");
   cmd->callback([a] { run_generate(*a); });

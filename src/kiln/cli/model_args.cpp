@@ -21,9 +21,24 @@ void ModelArgs::add_to(CLI::App* cmd) {
                   "sequences' context needs, within the fraction)");
 }
 
+void ModelArgs::add_max_kv_size_to(CLI::App* cmd) {
+  cmd->add_option("--max-kv-size", max_kv_size,
+                  "Rotating KV cache (mlx-lm's): each token attends to the first 4 tokens and the last N - 4, so a "
+                  "long generation holds about N tokens of K/V; N > 4, 0 = off. Blocks past N tokens are not prefix-cached "
+                  "(default: off, the whole context)")
+      ->check([](const std::string& v) -> std::string {
+        int n = 0;
+        if (!CLI::detail::lexical_cast(v, n) || n < 0 || (n > 0 && n <= model::kKvKeep))
+          return fmt::format("{} is not a whole number more than {} (the first {} tokens are always kept) or 0 (off)", v,
+                             model::kKvKeep, model::kKvKeep);
+        return "";
+      });
+}
+
 void ModelArgs::apply_to(engine::EngineConfig& ec) const {
   ec.gpu_memory_utilization = gpu_memory_utilization;
   ec.kv_cache_bytes = kv_cache_bytes;
+  ec.max_kv_size = max_kv_size;
 }
 
 engine::LoadOptions ModelArgs::load_options() const {

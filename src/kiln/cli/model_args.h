@@ -17,11 +17,14 @@ struct ModelArgs {
   // and an explicit pool size that overrides it (also on the CPU, where the fraction is ignored).
   double gpu_memory_utilization = 0.9;
   size_t kv_cache_bytes = 0;
+  int max_kv_size = 0;  // the rotating KV cache (EngineConfig::max_kv_size); 0: off
   void add_to(CLI::App* cmd);
+  // --max-kv-size (generate, chat, cache-prompt).
+  void add_max_kv_size_to(CLI::App* cmd);
   // --device resolved ("auto" -> cuda when a GPU is present): a draft model loads with the same.
   engine::LoadOptions load_options() const;
   std::unique_ptr<engine::LoadedModel> load() const;
-  // Puts the KV sizing flags into an engine's config.
+  // Puts the KV sizing flags (and --max-kv-size) into an engine's config.
   void apply_to(engine::EngineConfig& ec) const;
 };
 

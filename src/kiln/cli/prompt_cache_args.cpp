@@ -30,6 +30,7 @@ void reserve_prompt_cache(const kvstore::PromptCache& pc, const engine::LoadedMo
 int import_prompt_cache(const kvstore::PromptCache& pc, const std::string& path, engine::Engine& eng) {
   const kvstore::KvLayout layout = kvstore::KvLayout::of(eng.kv_cache());
   kvstore::check_prompt_cache_layout(pc, path, layout);
+  kvstore::check_prompt_cache_rotation(pc, path, eng.kv_cache().max_kv_size);
   int n = 0;
   const std::vector<std::byte> data = kvstore::reblock(pc, layout, n);
   const int got = eng.import_prefix(pc.tokens, n, data);

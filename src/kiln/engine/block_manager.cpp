@@ -75,20 +75,28 @@ void BlockManager::trim_cache() {
 }
 
 void BlockManager::release(std::vector<int32_t>& blocks) {
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) drop_ref(*it, false);
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it)
+    if (*it >= 0) drop_ref(*it, false);
   blocks.clear();
   trim_cache();  // keep the cache under its size
+}
+
+void BlockManager::release_block(std::vector<int32_t>& blocks, size_t i) {
+  if (blocks[i] < 0) return;
+  drop_ref(blocks[i], false);
+  blocks[i] = -1;
+  trim_cache();
 }
 
 int32_t BlockManager::truncate(std::vector<int32_t>& blocks, int64_t n_tokens, std::vector<uint64_t>& hashes,
                                int& n_committed) {
   const int keep = blocks_for(n_tokens), full = static_cast<int>(n_tokens / block_size_);
   while (static_cast<int>(blocks.size()) > keep) {
-    drop_ref(blocks.back(), /*forget=*/info_[blocks.back()].ref == 1);
+    if (blocks.back() >= 0) drop_ref(blocks.back(), /*forget=*/info_[blocks.back()].ref == 1);
     blocks.pop_back();
   }
   int32_t shared = -1;
-  if (keep > full && full < static_cast<int>(blocks.size())) {  // the partly kept block
+  if (keep > full && full < static_cast<int>(blocks.size()) && blocks[full] >= 0) {  // the partly kept block
     int32_t& b = blocks[full];
     if (info_[b].ref > 1) {
       if (n_free() == 0) fail("engine", "rollback: no free KV block to copy a shared block into; raise the KV cache size");
@@ -151,6 +159,7 @@ void BlockManager::commit(std::span<const int32_t> tokens, int n_computed, const
   if (!prefix_caching()) return;
   int n_full = std::min<int>(n_computed / block_size_, static_cast<int>(blocks.size()));
   for (int i = n_committed; i < n_full; ++i) {
+    if (blocks[i] < 0) continue;           // given back by the rotating cache
     uint64_t h = chain_hash(tokens, hashes, i);
     Info& in = info_[blocks[i]];
     if (in.hashed) continue;               // reused from the cache: already registered

@@ -38,6 +38,10 @@ class BlockManager {
   // Drops one reference on every block in `blocks` (last first, so a chain's head is evicted last)
   // and clears it. Blocks nobody references go back to the pool; hashed ones stay cached.
   void release(std::vector<int32_t>& blocks);
+  // Drops the reference on blocks[i] alone and leaves -1 in its place (the rotating cache: a block
+  // between the kept first tokens and the window, which no later token reads). release(),
+  // truncate() and commit() skip such entries.
+  void release_block(std::vector<int32_t>& blocks, size_t i);
   // Cuts `blocks` to hold n_tokens (a roll-back): the blocks past them are released and leave the
   // prefix cache where only this sequence held them (their tokens were rolled back). The block that
   // keeps part of its tokens (n_tokens % block_size rows) leaves the prefix cache too, since its

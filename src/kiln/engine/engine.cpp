@@ -22,6 +22,23 @@ static uint64_t model_key(const model::Model& m, const EngineConfig& cfg) {
   return cfg.model_key ? cfg.model_key : model_identity(m.config());
 }
 
+// A rotating cache's blocks per sequence (EngineConfig::max_kv_size): those of the first kKvKeep
+// tokens, then from the window's first key (of the chunk's first token) to the chunk's end.
+static int rotating_blocks(const EngineConfig& cfg) {
+  const int bs = cfg.block_size, window = cfg.max_kv_size - model::kKvKeep;
+  return (model::kKvKeep + bs - 1) / bs + (window - 1 + std::max(1, cfg.scheduler.max_batch_tokens)) / bs + 2;
+}
+
+static EngineConfig checked(EngineConfig cfg) {
+  if (cfg.max_kv_size < 0 || (cfg.max_kv_size > 0 && cfg.max_kv_size <= model::kKvKeep))
+    fail("engine", "max_kv_size is {}; it must be more than {} (the rotating cache keeps the first {} tokens and "
+         "slides the rest), or 0 for off", cfg.max_kv_size, model::kKvKeep, model::kKvKeep);
+  if (cfg.max_kv_size > 0 && cfg.spec.draft)
+    fail("engine", "speculative decoding does not run with a rotating KV cache (max_kv_size {}); use one of them",
+         cfg.max_kv_size);
+  return cfg;
+}
+
 // The KV pool (kv_sizing.h): what the workload can use (explicit n_blocks, else max_seqs full
 // contexts), or --kv-cache-bytes, plus the prefix cache's blocks; on a GPU capped to the
 // --gpu-memory-utilization budget measured now, with the weights already on the device.
@@ -36,6 +53,8 @@ static BlockManager make_blocks(model::Model& m, const EngineConfig& cfg) {
   r.bytes_per_block = r.cached_bytes_per_block + (draft ? draft->kv_bytes(cfg.block_size) : 0);
   const int per_seq = (c.max_position_embeddings + cfg.block_size - 1) / cfg.block_size;
   r.wanted_blocks = cfg.n_blocks > 0 ? cfg.n_blocks : per_seq * std::max(1, cfg.scheduler.max_seqs);
+  if (cfg.max_kv_size > 0)  // what rotating sequences can hold at most
+    r.wanted_blocks = std::min(r.wanted_blocks, rotating_blocks(cfg) * std::max(1, cfg.scheduler.max_seqs));
   r.kv_cache_bytes = cfg.kv_cache_bytes;
   r.prompt_cache_bytes = cfg.prompt_cache_bytes;
   r.gpu_memory_utilization = cfg.gpu_memory_utilization;
@@ -54,8 +73,8 @@ static BlockManager make_blocks(model::Model& m, const EngineConfig& cfg) {
 
 Engine::Engine(model::Model& model, EngineConfig cfg)
     : model_(model),
-      cfg_(cfg),
-      blocks_(make_blocks(model, cfg)),
+      cfg_(checked(cfg)),
+      blocks_(make_blocks(model, cfg_)),
       cache_(model::KvCache::allocate(model.backend(), model.config(), blocks_.n_blocks(), cfg.block_size)),
       runner_(model, cache_, RunnerConfig{cfg.pad_decode, cfg.device_sampling}),
       scheduler_(cfg.scheduler, blocks_),
@@ -63,6 +82,7 @@ Engine::Engine(model::Model& model, EngineConfig cfg)
       policy_(cfg.spec.draft ? cfg.spec.num_draft_tokens : 0) {
   if (cfg_.spec.num_draft_tokens < 0 || cfg_.spec.num_draft_tokens > kMaxDraftTokens)
     fail("engine", "num_draft_tokens is {}; it must be 0..{}", cfg_.spec.num_draft_tokens, kMaxDraftTokens);
+  cache_.max_kv_size = cfg_.max_kv_size;
   if (!cfg_.ssd.dir.empty()) {
     if (!blocks_.prefix_caching())
       fail("engine", "the SSD cache tier needs the prefix cache; give it room (--prompt-cache-bytes > 0)");
@@ -84,9 +104,9 @@ int64_t Engine::add(Request r) {
   if (r.prompt.empty()) fail("engine", "the prompt is empty; give at least one token");
   if (static_cast<int>(r.prompt.size()) >= context_length_)
     fail("engine", "the prompt has {} tokens; the model's context is {} tokens", r.prompt.size(), context_length_);
-  if (blocks_.blocks_for(r.prompt.size() + 1) > blocks_.n_blocks())
+  if (seq_blocks(r.prompt.size() + 1) > blocks_.n_blocks())
     fail("engine", "the prompt needs {} KV blocks but the cache has {}; raise the KV cache size",
-         blocks_.blocks_for(r.prompt.size() + 1), blocks_.n_blocks());
+         seq_blocks(r.prompt.size() + 1), blocks_.n_blocks());
   const int vocab = model_.config().vocab_size;
   for (int32_t t : r.prompt)
     if (t < 0 || t >= vocab) fail("engine", "token id {} is outside the vocabulary (0..{})", t, vocab - 1);
@@ -98,6 +118,25 @@ int64_t Engine::add(Request r) {
   scheduler_.add(seq.get());
   seqs_.emplace(id, std::move(seq));
   return id;
+}
+
+int Engine::seq_blocks(int64_t n_tokens) const {
+  const int all = blocks_.blocks_for(n_tokens);
+  return cfg_.max_kv_size > 0 ? std::min(all, rotating_blocks(cfg_)) : all;
+}
+
+void Engine::commit_and_rotate(Sequence* s) {
+  const int M = cfg_.max_kv_size;
+  blocks_.commit(s->tokens, M > 0 ? std::min(s->n_computed, M) : s->n_computed, s->blocks, s->block_hashes,
+                 s->n_committed_blocks);
+  if (M <= 0) return;
+  // The next token (position n_computed) reads keys from n_computed - (M - kKvKeep) + 1 on, besides
+  // the first kKvKeep: the blocks wholly between are read by no later token.
+  const int bs = blocks_.block_size();
+  const int64_t first = (model::kKvKeep + bs - 1) / bs;
+  const int64_t end = std::min<int64_t>((int64_t{s->n_computed} - (M - model::kKvKeep) + 1) / bs,
+                                        static_cast<int64_t>(s->blocks.size()));
+  for (int64_t b = first; b < end; ++b) blocks_.release_block(s->blocks, static_cast<size_t>(b));
 }
 
 void Engine::finish(Sequence* s, FinishReason r) {
@@ -134,6 +173,10 @@ static bool wants_prompt_logprobs(const Sequence& s) {
 void Engine::rollback(int64_t id, int k) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) fail("engine", "rollback: no request {}", id);
+  const std::vector<int32_t>& held = it->second->blocks;
+  if (std::find(held.begin(), held.end(), -1) != held.end())
+    fail("engine", "rollback: request {} has rotated (max_kv_size {}); the K/V before its window are gone", id,
+         cfg_.max_kv_size);
   runner_.rollback(*it->second, k, blocks_);
 }
 
@@ -238,7 +281,7 @@ int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
   // K/V stand for the pending token and the accepted drafts; the blocks that hold only them may
   // enter the prefix cache (rejected positions lie past n_computed and are rewritten later).
   s->n_computed = L + v.n_accepted;
-  blocks_.commit(s->tokens, s->n_computed, s->blocks, s->block_hashes, s->n_committed_blocks);
+  commit_and_rotate(s);
   s->tokens.resize(L);
   cfg_.spec.draft->commit(*s, n, v.n_accepted);
   int emitted = 0;
@@ -266,6 +309,7 @@ int Engine::export_prefix(std::span<const int32_t> tokens, std::vector<std::byte
 }
 
 int Engine::import_prefix(std::span<const int32_t> tokens, int n_blocks, std::span<const std::byte> data) {
+  if (cfg_.max_kv_size > 0) n_blocks = std::min(n_blocks, cfg_.max_kv_size / blocks_.block_size());
   const size_t block_bytes = kvstore::KvLayout::of(cache_).block_bytes;
   KILN_ASSERT(data.size() >= n_blocks * block_bytes);
   std::vector<std::span<const std::byte>> per_block;
@@ -301,7 +345,9 @@ void Engine::load_from_ssd() {
     if (s->n_computed != 0 || !s->blocks.empty() || !s->reuse_prefix || s->ssd_checked == s->n_preempted) continue;
     s->ssd_checked = s->n_preempted;
     const std::span<const int32_t> tokens(s->tokens);
-    const int max_blocks = (static_cast<int>(tokens.size()) - 1) / bs;  // (the last token is always computed)
+    // (the last token is always computed; a rotating cache's blocks past max_kv_size differ from the file's)
+    int max_blocks = (static_cast<int>(tokens.size()) - 1) / bs;
+    if (cfg_.max_kv_size > 0) max_blocks = std::min(max_blocks, cfg_.max_kv_size / bs);
     // The prefix the RAM cache has, held while blocks are adopted (so that none of it is evicted for them).
     std::vector<int32_t> held;
     const int i = blocks_.acquire_prefix(tokens, max_blocks, held, s->block_hashes, /*count=*/false);
@@ -396,7 +442,7 @@ int Engine::step() {
     const bool prompt_chunk = s->n_computed < s->n_prompt;
     if (prompt_chunk) stats_.prompt_tokens += std::min(c.n_tokens, s->n_prompt - s->n_computed);
     s->n_computed += c.n_tokens;
-    blocks_.commit(s->tokens, s->n_computed, s->blocks, s->block_hashes, s->n_committed_blocks);
+    commit_and_rotate(s);
     if (!c.wants_logits) continue;
     TokenEvent ev = make_event(s->id, -1, false, FinishReason::none);
     ev.n_cached = std::max(0, s->n_cached);

@@ -42,6 +42,13 @@ struct EngineConfig {
   using PadDecode = RunnerConfig::PadDecode;
   PadDecode pad_decode = PadDecode::automatic;
   SpecConfig spec;
+  // The rotating KV cache (mlx-lm's --max-kv-size; model::KvCache::max_kv_size): > kKvKeep, each
+  // token attends to the first kKvKeep tokens and the last max_kv_size - kKvKeep, and a sequence
+  // gives back the blocks between them, so a long generation holds about max_kv_size / block_size
+  // + 3 blocks (a prefill chunk of up to max_batch_tokens more while it runs). Blocks with tokens
+  // past max_kv_size never enter the prefix cache (their K/V differ from a plain run's), so neither
+  // the SSD tier nor prompt files get them. Not with speculative decoding. 0: off.
+  int max_kv_size = 0;
   // The SSD tier of the prefix cache (kvstore/ssd_cache.h): full blocks are written there as they
   // complete, and a prefix that continues on disk is read back instead of recomputed. Needs the
   // prefix cache (prompt_cache_bytes > 0). `model_name` labels its folder.
@@ -93,6 +100,12 @@ class Engine {
 
  private:
   void finish(Sequence* s, FinishReason r);
+  // After s's K/V reach n_computed: its full blocks within the prefix cache's reach (all, or with a
+  // rotating cache those before max_kv_size) are registered, and with a rotating cache the blocks no
+  // later token reads are given back.
+  void commit_and_rotate(Sequence* s);
+  // The most blocks a sequence of n_tokens holds at once.
+  int seq_blocks(int64_t n_tokens) const;
   // Appends drafts to the decoding chunks' sequences and widens those chunks into verifies; returns
   // the draft length asked for (-1: none asked) and sets *batch to the sequences it could go to.
   int propose_drafts(std::span<const ScheduledChunk> sched, std::vector<SeqChunk>& chunks, std::vector<SampleSpec>& specs,

@@ -88,9 +88,9 @@ void pad_uniform_batch(model::Batch& b, int q, std::vector<backend::SampleParams
   b.block_tables.resize(static_cast<size_t>(bucket) * b.max_blocks, 0);
 }
 
-// The graph key of a uniform step: its shapes and the KV cache's buffers (a graph records their
-// addresses; a new cache, another engine's, must not replay old graphs). Inputs uploaded before
-// the graph opens may change freely.
+// The graph key of a uniform step: its shapes, the KV cache's buffers (a graph records their
+// addresses; a new cache, another engine's, must not replay old graphs) and its rotating mask (the
+// attention's parameters are recorded too). Inputs uploaded before the graph opens may change freely.
 uint64_t graph_key(const model::StepInputs& in, const model::KvCache& cache, bool argmax) {
   uint64_t key = 0;
   for (const Tensor* t : cache.planes()) key = key * 1000003u + reinterpret_cast<uintptr_t>(t->data);
@@ -98,6 +98,7 @@ uint64_t graph_key(const model::StepInputs& in, const model::KvCache& cache, boo
   key = key * 1000003u + static_cast<uint64_t>(in.n_out);
   key = key * 1000003u + static_cast<uint64_t>(in.n_seqs);
   key = key * 1000003u + static_cast<uint64_t>(in.max_blocks);
+  key = key * 1000003u + static_cast<uint64_t>(cache.max_kv_size);
   return key * 2u + (argmax ? 1u : 0u);
 }
 
@@ -125,7 +126,9 @@ StepOutput ModelRunner::run(std::span<const SeqChunk> chunks) {
   b.block_tables.assign(static_cast<size_t>(b.n_seqs) * b.max_blocks, 0);
   for (int i = 0; i < b.n_seqs; ++i) {
     const SeqChunk& c = chunks[i];
-    std::copy(c.blocks.begin(), c.blocks.end(), b.block_tables.begin() + static_cast<size_t>(i) * b.max_blocks);
+    // (-1: a block the rotating cache gave back, which no token of the step reads: block 0 instead)
+    std::transform(c.blocks.begin(), c.blocks.end(), b.block_tables.begin() + static_cast<size_t>(i) * b.max_blocks,
+                   [](int32_t blk) { return std::max(blk, 0); });
     for (int pos = c.start; pos < c.start + c.n_tokens; ++pos) {
       b.tokens.push_back(c.tokens[pos]);
       b.positions.push_back(pos);

@@ -25,7 +25,7 @@ std::string plane_name(const PromptCache& pc, size_t p) {
 std::map<std::string, std::string> metadata_of(const PromptCache& pc) {
   Json toks = Json::array();
   for (int32_t t : pc.tokens) toks.push_back(t);
-  return {{"format", "kiln.prompt_cache"},
+  std::map<std::string, std::string> meta{{"format", "kiln.prompt_cache"},
           {"version", std::to_string(kPromptCacheVersion)},
           {"model", pc.model},
           {"model_fingerprint", hex16(pc.model_fingerprint)},
@@ -36,6 +36,8 @@ std::map<std::string, std::string> metadata_of(const PromptCache& pc) {
           {"n_cached_tokens", std::to_string(static_cast<int64_t>(pc.n_blocks) * pc.layout.block_size)},
           {"kv_layout", pc.layout.describe()},
           {"kv_layout_hash", hex16(pc.layout.hash())}};
+  if (pc.max_kv_size > 0) meta["max_kv_size"] = std::to_string(pc.max_kv_size);  // (absent: files before it)
+  return meta;
 }
 
 uint64_t checksum(const std::map<std::string, std::string>& meta, const std::vector<Tensor>& planes) {
@@ -112,6 +114,7 @@ PromptCache load_prompt_cache(const std::string& path) {
     for (const Json& t : Json::parse(get("tokens"))) pc.tokens.push_back(t.get<int32_t>());
     pc.layout.block_size = std::stoi(get("block_size"));
     pc.n_layers = std::stoi(get("n_layers"));
+    if (auto it = meta.find("max_kv_size"); it != meta.end()) pc.max_kv_size = std::stoi(it->second);
   } catch (const std::exception& e) {
     fail("prompt-cache", "{}: damaged metadata ({})", path, e.what());
   }
@@ -196,6 +199,13 @@ void check_prompt_cache_layout(const PromptCache& pc, const std::string& path, c
          "{} holds another KV cache layout: the file's is {}; this run's is {}. Use the --kv-bits, --kv-group-size and "
          "--device it was made with, or make it again",
          path, pc.layout.describe(), layout.describe());
+}
+
+void check_prompt_cache_rotation(const PromptCache& pc, const std::string& path, int max_kv_size) {
+  if (pc.max_kv_size == max_kv_size) return;
+  const auto name = [](int m) { return m > 0 ? fmt::format("--max-kv-size {}", m) : std::string("no --max-kv-size"); };
+  fail("prompt-cache", "{} was made with {} and this run has {}; use the same setting, or make it again with `kiln "
+       "cache-prompt`", path, name(pc.max_kv_size), name(max_kv_size));
 }
 
 }  // namespace kiln::kvstore

@@ -7,7 +7,9 @@
 //   tokenizer_fingerprint (16 hex digits, identity.h), tokens (JSON array, the whole prompt),
 //   block_size (of the cache that made it), n_layers, n_cached_tokens (tokens with K/V: the full
 //   blocks; the few tokens of a last partial block are recomputed on load), kv_layout
-//   (KvLayout::describe), and checksum (XXH3-64 of the tensor bytes and the metadata above).
+//   (KvLayout::describe), max_kv_size (only when made with a rotating cache, `--max-kv-size`: the
+//   K/V then cover at most the blocks before that many tokens, and a run continues from the file only
+//   with the same setting), and checksum (XXH3-64 of the tensor bytes and the metadata above).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,6 +28,7 @@ struct PromptCache {
   KvLayout layout;         // of the cache it was made from
   int n_layers = 0;
   int n_blocks = 0;        // full blocks stored (of layout.block_size tokens)
+  int max_kv_size = 0;     // the rotating cache it was made with (EngineConfig::max_kv_size); 0: none
   std::vector<std::byte> data;  // [n_blocks][layout.block_bytes], as Engine::export_prefix gives
   int n_cached_tokens() const { return n_blocks * layout.block_size; }
 };
@@ -46,5 +49,7 @@ PromptCache load_prompt_cache(const std::string& path);
 void check_prompt_cache_model(const PromptCache& pc, const std::string& path, uint64_t model_fingerprint,
                               uint64_t tokenizer_fingerprint);
 void check_prompt_cache_layout(const PromptCache& pc, const std::string& path, const KvLayout& layout);
+// Refuses a file made with another --max-kv-size than this run's (0: off).
+void check_prompt_cache_rotation(const PromptCache& pc, const std::string& path, int max_kv_size);
 
 }  // namespace kiln::kvstore

@@ -82,7 +82,7 @@ class Gemma final : public Model {
     // Residual adds fused with the norm after them (add_rms_norm), as in llama.cpp: a layer's MLP
     // output y is added at the next layer's attention norm, the last one at the final norm.
     for (const GemmaLayer& L : layers_) {
-      ao.window = L.window;
+      cache.layer_mask(L.window, ao.window, ao.sink);
       ao.inv_freq = ropes[L.rope].inv_freq;
       ao.rope_attn_factor = ropes[L.rope].attn_factor;
       if (&L == layers_.data()) be.rms_norm(x, L.attn_norm, eps, true, h);

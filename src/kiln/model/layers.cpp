@@ -95,7 +95,7 @@ StepInputs upload_step(const Model& m, const Batch& b) {
 
 backend::AttnParams attn_params(const ModelConfig& c, const AttentionOptions& o, int block_size, int max_blocks) {
   return {.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .scale = o.scale,
-          .softcap = o.softcap, .window = o.window, .block_size = block_size, .max_blocks = max_blocks};
+          .softcap = o.softcap, .window = o.window, .sink = o.sink, .block_size = block_size, .max_blocks = max_blocks};
 }
 
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,

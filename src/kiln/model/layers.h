@@ -36,6 +36,7 @@ struct AttentionOptions {
   float scale = 1.0f;
   float softcap = 0.0f;
   int window = 0;
+  int sink = 0;                // AttnParams::sink (KvCache::layer_mask)
   bool norm_one_plus = false;  // q/k norms use (1 + w) (gemma3)
   double norm_eps = 1e-6;
   Tensor inv_freq;             // f32 [rotary_dim / 2] on the device

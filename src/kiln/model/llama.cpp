@@ -73,7 +73,7 @@ class Llama final : public Model {
     const bool stacked = n == 1 && run_stack(be, c, ao, rope, in, cache, x);  // every layer in one go
     for (size_t l = 0; l < layers_.size() && !stacked; ++l) {
       const LlamaLayer& L = layers_[l];
-      ao.window = L.window;
+      cache.layer_mask(L.window, ao.window, ao.sink);
       if (l == 0) be.rms_norm(x, L.attn_norm, eps, false, h);
       else be.add_rms_norm(x, y, L.attn_norm, eps, false, h);  // x += previous MLP output
       attention_block(be, c, L.attn, ao, h, in, cache.k[l], cache.v[l], cache.block_size, y);
@@ -102,8 +102,10 @@ class Llama final : public Model {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LlamaLayer& L = layers_[l];
       if (!L.attn.q_norm.empty()) return false;
+      int window, sink;
+      cache.layer_mask(L.window, window, sink);
       refs.push_back({&L.attn_norm, &L.mlp_norm, &L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.mlp.gate, &L.mlp.up,
-                      &L.mlp.down, &cache.k[l], &cache.v[l], L.window});
+                      &L.mlp.down, &cache.k[l], &cache.v[l], window, sink});
     }
     // attn.window is unused: the window is per layer (DecoderLayerRef).
     const backend::DecoderStackArgs a{.layers = refs,

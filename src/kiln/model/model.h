@@ -39,10 +39,24 @@ struct StepInputs {
   std::vector<DeviceRope> ropes;  // [model.rope_configs().size()] at the step's longest sequence
 };
 
+// The rotating cache's kept first tokens (mlx-lm's RotatingKVCache keep=4).
+inline constexpr int kKvKeep = 4;
+
 // The paged KV cache storage: per layer K and V [n_blocks, block_size, n_kv_heads * head_dim].
 struct KvCache {
   int n_blocks = 0, block_size = 0;
   std::vector<Tensor> k, v;  // [n_layers]
+  // The rotating cache (mlx-lm's --max-kv-size): > 0, a token at position p attends to positions
+  // [0, kKvKeep) and [p - (max_kv_size - kKvKeep) + 1, p] (RoPE at absolute positions), so a
+  // sequence needs only those blocks (the engine frees the others). 0: off.
+  int max_kv_size = 0;
+  // The window and sink (AttnParams) of a layer with its own sliding window w (0: none): a window
+  // within the rotating one stays as it is; else the rotating cache's.
+  void layer_mask(int w, int& window, int& sink) const {
+    const bool own = max_kv_size <= 0 || (w > 0 && w <= max_kv_size - kKvKeep);
+    window = own ? w : max_kv_size - kKvKeep;
+    sink = own ? 0 : kKvKeep;
+  }
   static KvCache allocate(backend::Backend& be, const ModelConfig& c, int n_blocks, int block_size);
   size_t bytes() const;
   // Every tensor that holds per-block state, each [n_blocks, ...] (block b is slice_rows(b, b + 1)),

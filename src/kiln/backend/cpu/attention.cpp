@@ -1,7 +1,9 @@
 // Paged attention on the CPU over a ragged batch (semantics in backend.h): work items are (token,
 // GQA group) pairs spread over the pool. Each item walks its visible keys in chunks with an online
 // softmax per head (running max m, running sum l, unnormalized accumulator acc [head_dim]), so the
-// score row is never materialized; K/V rows are found through the sequence's block table.
+// score row is never materialized; K/V rows are found through the sequence's block table. A token's
+// visible keys are walked as one run of "virtual" indices v: the sink keys [0, s) then the window
+// [lo, pos] (VisibleKeys).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -21,6 +23,17 @@ constexpr int64_t kPrefetchKeys = 6;
 inline void prefetch_row(const float* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i);
 }
+// The keys token position `pos` sees (backend.h): [0, n_sink) then [lo, pos]; n_sink is 0 where the
+// window reaches the sink (then [lo, pos] = [0, pos] holds it already).
+struct VisibleKeys {
+  int64_t lo, hi, n_sink;
+  VisibleKeys(const AttnParams& p, int64_t pos)
+      : lo(p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0),
+        hi(pos),
+        n_sink(p.window > 0 ? std::min<int64_t>(std::max(p.sink, 0), lo) : 0) {}
+  int64_t count() const { return n_sink + hi + 1 - lo; }
+  int64_t key(int64_t v) const { return v < n_sink ? v : v - n_sink + lo; }  // v in [0, count())
+};
 }  // namespace
 
 void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -45,9 +58,10 @@ void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor
     if (seq[t] < 0 || seq[t] >= n_seqs) fail("cpu", "attention: token {} has sequence {} of {}", t, seq[t], n_seqs);
     if (pos[t] < 0 || pos[t] / p.block_size >= p.max_blocks)
       fail("cpu", "attention: token {} position {} outside {} blocks of {}", t, pos[t], p.max_blocks, p.block_size);
-    const int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos[t] - p.window + 1) : 0;
-    total_keys += pos[t] + 1 - lo;
-    for (int64_t b = lo / p.block_size; b <= pos[t] / p.block_size; ++b) {
+    const VisibleKeys vk(p, pos[t]);
+    total_keys += vk.count();
+    for (int64_t b = 0; b <= pos[t] / p.block_size; ++b) {
+      if (b * p.block_size >= vk.n_sink && (b + 1) * p.block_size <= vk.lo) continue;  // not read
       int32_t blk = bt[seq[t] * int64_t{p.max_blocks} + b];
       if (blk < 0 || blk >= n_blocks)
         fail("cpu", "attention: sequence {} block {} maps to cache block {} of {}", seq[t], b, blk, n_blocks);
@@ -72,18 +86,20 @@ void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor
       const int64_t t = item / items_per_token, h0 = (item % items_per_token) * per_item, kvh = h0 / group;
       const float* qv = q.ptr<float>() + t * q_width + h0 * hd;  // per_item heads, stride hd
       const int32_t* table = bt + seq[t] * int64_t{p.max_blocks};
-      const int64_t hi = pos[t], lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window + 1) : 0;
+      const VisibleKeys vk(p, pos[t]);
+      const int64_t nv = vk.count();
       std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
       std::fill(l.begin(), l.end(), 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      // offset of key j (and value j) of this kv head in the caches
-      auto row = [&](int64_t j) {
+      // offset of visible key v (and its value) of this kv head in the caches
+      auto row = [&](int64_t v) {
+        const int64_t j = vk.key(v);
         return (table[j / p.block_size] * int64_t{p.block_size} + j % p.block_size) * kv_width + kvh * hd;
       };
-      for (int64_t j0 = lo; j0 <= hi; j0 += kKeyChunk) {
-        const int64_t cn = std::min(kKeyChunk, hi + 1 - j0);
+      for (int64_t j0 = 0; j0 < nv; j0 += kKeyChunk) {
+        const int64_t cn = std::min(kKeyChunk, nv - j0);
         for (int64_t c = 0; c < cn; ++c) {
-          if (j0 + c + kPrefetchKeys <= hi) {  // this key's row soon; its value row for the pass below
+          if (j0 + c + kPrefetchKeys < nv) {  // this key's row soon; its value row for the pass below
             prefetch_row(kc + row(j0 + c + kPrefetchKeys), hd);
             prefetch_row(vc + row(j0 + c + kPrefetchKeys), hd);
           }

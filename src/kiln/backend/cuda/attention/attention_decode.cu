@@ -37,18 +37,25 @@ __device__ __forceinline__ int64_t cache_row(const AttnArgs& a, int seq, int64_t
 
 __device__ __forceinline__ float cap_score(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
 
-// The key range [j0, j1] of one (token, split): keys lo..pos are visible (lo > 0 with a window).
+// The keys of one (token, split): the token sees keys [0, n_sink) and [lo, pos] (backend.h; n_sink >
+// 0 only for a rotating cache whose window has left the first keys), numbered v = 0, 1, ... in that
+// order; the split takes v in [j0, j0 + nk). key() maps v back to the key's position.
 struct SplitRange {
   int seq;
   int64_t j0;
   int nk;  // keys in the split; 0: an empty split (the context is shorter than the grid allows for)
+  int n_sink;
+  int64_t skip;  // lo - n_sink: added to v >= n_sink
+  __device__ __forceinline__ int64_t key(int64_t v) const { return v < n_sink ? v : v + skip; }
 };
 __device__ __forceinline__ SplitRange split_range(const AttnArgs& a, int t, int split, int kps) {
   const int64_t pos = a.token_pos[t];
   const int64_t lo = a.window > 0 ? max(int64_t{0}, pos - a.window + 1) : 0;
-  const int64_t j0 = lo + int64_t{split} * kps;
-  const int64_t j1 = min(pos, j0 + kps - 1);  // inclusive
-  return {a.token_seq[t], j0, j0 <= j1 ? static_cast<int>(j1 - j0 + 1) : 0};
+  const int n_sink = a.window > 0 ? static_cast<int>(min(int64_t{max(a.sink, 0)}, lo)) : 0;
+  const int64_t n_vis = n_sink + pos - lo + 1;
+  const int64_t j0 = int64_t{split} * kps;
+  const int64_t j1 = min(n_vis - 1, j0 + kps - 1);  // inclusive
+  return {a.token_seq[t], j0, j0 <= j1 ? static_cast<int>(j1 - j0 + 1) : 0, n_sink, lo - n_sink};
 }
 
 // (m, l, acc[hd]) partial of (token t, head h, split): the layout attn_combine_kernel reads; m in
@@ -110,7 +117,7 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int kps) 
 // The cache slot (block * block_size + offset) of key i of the split; 0 past its keys. Block
 // tables are step inputs, uploaded before the step's first kernel: readable before pdl_wait.
 __device__ __forceinline__ int32_t key_slot(const AttnArgs& a, const SplitRange& r, int i) {
-  return i < r.nk ? table_slot(a, r.seq, r.j0 + i) : 0;
+  return i < r.nk ? table_slot(a, r.seq, r.key(r.j0 + i)) : 0;
 }
 
 // An empty split (the context is shorter than the grid allows for) of token t, heads h0 + [0, ng):
@@ -261,7 +268,7 @@ __global__ void __launch_bounds__(LAT ? 256 : kDecodeThreads, LAT || HD > 128 ? 
   const auto slot_of = [&](int tile) { return key_slot(a, r, tile * kTile + lane); };
 
   // LAT: a tile's rows in registers, kr (K row of this lane's key) and vr (the tile's V rows),
-  // loaded for the keys j0 + tile * 32 + [0, n_in) whose index lies in [lo, hi); the other
+  // loaded for the keys j0 + tile * 32 + [0, n_in) whose position lies in [lo, hi); the other
   // registers keep their values. A warp's first tile is requested around pdl_wait: before it for
   // the keys earlier steps wrote (index < stable), after it for the others.
   uint4 kr[LAT ? KV16 : 1];
@@ -270,14 +277,15 @@ __global__ void __launch_bounds__(LAT ? 256 : kDecodeThreads, LAT || HD > 128 ? 
     const int n_in = min(kTile, r.nk - tile * kTile);
     const int64_t j = r.j0 + int64_t{tile} * kTile;
     const uint4* krow = reinterpret_cast<const uint4*>(kc + int64_t{slot} * kv_width + head_off);
-    if (lane < n_in && j + lane >= lo && j + lane < hi) {
+    const auto in_range = [&](int i) { return r.key(j + i) >= lo && r.key(j + i) < hi; };
+    if (lane < n_in && in_range(lane)) {
 #pragma unroll
       for (int i = 0; i < KV16; ++i) kr[i] = __ldg(krow + i);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int32_t sl = __shfl_sync(0xffffffffu, slot, u);
-      if (u < n_in && j + u >= lo && j + u < hi)
+      if (u < n_in && in_range(u))
         vr[u] = __ldg(reinterpret_cast<const VT*>(vc + int64_t{sl} * kv_width + head_off) + lane);
     }
   };
@@ -481,7 +489,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
 
   const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q) + int64_t{t} * q_width + int64_t{kvh} * group * hd;
   for (int i = threadIdx.x; i < group * hd; i += blockDim.x) q_s[i] = __bfloat162float(q[i]);
-  for (int i = threadIdx.x; i < nk; i += blockDim.x) row_s[i] = cache_row(a, seq, j0 + i) + int64_t{kvh} * hd;
+  for (int i = threadIdx.x; i < nk; i += blockDim.x) row_s[i] = cache_row(a, seq, r.key(j0 + i)) + int64_t{kvh} * hd;
   __syncthreads();
 
   // Scores: a warp per key, lanes over head_dim; K row kept in registers for all heads of the group.

@@ -30,7 +30,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 // The next tile's cp.async loads are in flight while the current one is computed. Masks are only
 // evaluated on tiles that cut a row's visible range; a warp skips tiles none of its rows can see
 // (causal tails, windows, rows of other sequences). A tile whose tokens belong to several
-// sequences runs one pass per sequence (rows of other sequences are masked in that pass).
+// sequences runs one pass per sequence (rows of other sequences are masked in that pass), and a
+// sequence whose rows keep sink keys before their windows (a rotating cache, backend.h) one more pass
+// over those keys [0, n_sink) (the online softmax carries across passes).
 
 constexpr int kPWarps = 4;
 constexpr int kPThreads = kPWarps * 32;
@@ -98,8 +100,10 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(prefill_smem);
   __nv_bfloat16* Ks = Qs + C::kQ;       // [2][BK][S]
   __nv_bfloat16* Vs = Ks + 2 * C::kKV;  // [2][BK][S]
-  __shared__ int tok_seq[kPRows], tok_lo[kPRows], tok_hi[kPRows];
-  __shared__ int pass_seq[kPRows], pass_lo[kPRows], pass_hi[kPRows];
+  __shared__ int tok_seq[kPRows], tok_lo[kPRows], tok_hi[kPRows], tok_ns[kPRows];
+  // Passes: up to two per sequence (its window keys, then its sink keys).
+  __shared__ int pass_seq[2 * kPRows], pass_lo[2 * kPRows], pass_hi[2 * kPRows];
+  __shared__ bool pass_sink[2 * kPRows];
   __shared__ int n_pass;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
@@ -129,6 +133,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int
       tok_seq[tid] = a.token_seq[t];
       tok_hi[tid] = pos;
       tok_lo[tid] = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+      tok_ns[tid] = a.window > 0 ? min(max(a.sink, 0), tok_lo[tid]) : 0;  // sink keys before the window
     } else {
       tok_seq[tid] = -1;
     }
@@ -141,12 +146,26 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int
       if (sq < 0) continue;
       int p = 0;
       while (p < np && pass_seq[p] != sq) ++p;
-      if (p == np) pass_seq[np] = sq, pass_lo[np] = tok_lo[r], pass_hi[np] = tok_hi[r], ++np;
+      if (p == np) pass_seq[np] = sq, pass_lo[np] = tok_lo[r], pass_hi[np] = tok_hi[r], pass_sink[np] = false, ++np;
       else pass_lo[p] = min(pass_lo[p], tok_lo[r]), pass_hi[p] = max(pass_hi[p], tok_hi[r]);
+    }
+    const int n_window = np;
+    for (int w = 0; w < n_window; ++w) {  // the sink passes: keys [0, the most sink keys of a row)
+      int ns = 0;
+      for (int r = 0; r < tb; ++r)
+        if (tok_seq[r] == pass_seq[w]) ns = max(ns, tok_ns[r]);
+      if (ns > 0) pass_seq[np] = pass_seq[w], pass_lo[np] = 0, pass_hi[np] = ns - 1, pass_sink[np] = true, ++np;
     }
     n_pass = np;
   }
   __syncthreads();
+  // The keys row token tl sees in a pass over sequence seq (sink: its sink keys, else its window);
+  // none: the empty range [INT_MAX, INT_MIN].
+  const auto row_range = [&](int tl, int seq, bool sink, int& lo, int& hi) {
+    const bool in = tok_seq[tl] == seq && (!sink || tok_ns[tl] > 0);
+    lo = !in ? INT_MAX : sink ? 0 : tok_lo[tl];
+    hi = !in ? INT_MIN : sink ? tok_ns[tl] - 1 : tok_hi[tl];
+  };
 
   // This thread's 4 rows: i = 2 mt + half -> row warp * 32 + mt * 16 + half * 8 + g (the C/A
   // fragment rows g and g + 8 of m-tile mt); their tokens' facts stay in shared memory (registers
@@ -174,6 +193,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int
 
   for (int p = 0; p < n_pass; ++p) {
     const int seq = pass_seq[p], klo = pass_lo[p], khi = pass_hi[p];
+    const bool sink = pass_sink[p];
     const int n_tiles = (khi - klo) / BK + 1;
     // The warp's rows in this pass see keys within [any_lo, any_hi] (a hull: a tile outside it is
     // skipped) and all see [all_lo, all_hi] (a tile inside needs no mask). Rows outside the pass
@@ -182,9 +202,8 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int
     int any_lo = INT_MAX, any_hi = INT_MIN, all_lo = INT_MIN, all_hi = INT_MAX;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int tl = row_of(i) >> lgh;
-      const bool in = tok_seq[tl] == seq;
-      const int lo = in ? tok_lo[tl] : INT_MAX, hi = in ? tok_hi[tl] : INT_MIN;
+      int lo, hi;
+      row_range(row_of(i) >> lgh, seq, sink, lo, hi);
       any_lo = min(any_lo, lo), any_hi = max(any_hi, hi), all_lo = max(all_lo, lo), all_hi = min(all_hi, hi);
     }
     any_lo = __reduce_min_sync(0xffffffffu, any_lo), any_hi = __reduce_max_sync(0xffffffffu, any_hi);
@@ -254,9 +273,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int
           if (!all)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-              const int tl = row_of(2 * mt + hf) >> lgh;
-              const bool in = tok_seq[tl] == seq;
-              lo[hf] = in ? tok_lo[tl] : INT_MAX, hi[hf] = in ? tok_hi[tl] : INT_MIN;
+              row_range(row_of(2 * mt + hf) >> lgh, seq, sink, lo[hf], hi[hf]);
             }
           float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll

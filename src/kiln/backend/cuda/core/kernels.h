@@ -111,6 +111,7 @@ struct AttnArgs {
   int n_tokens, n_seqs, n_heads, n_kv_heads, head_dim;
   float scale, softcap;
   int window, block_size, max_blocks;
+  int sink;  // AttnParams::sink
 };
 // Split-K decode kernel: one block per (token, kv head, split) scores its key range [lo + split *
 // keys_per_split, +keys_per_split) for all heads of the GQA group (the tiled kernel: for a chunk of

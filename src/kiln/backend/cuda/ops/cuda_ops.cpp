@@ -188,7 +188,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   AttnArgs a{q.data, k_cache.data, v_cache.data, block_tables.ptr<int32_t>(), token_seq.ptr<int32_t>(),
              token_pos.ptr<int32_t>(), out.data, static_cast<int>(n),
              static_cast<int>(block_tables.numel() / p.max_blocks), p.n_heads, p.n_kv_heads, p.head_dim, p.scale,
-             p.softcap, p.window, p.block_size, p.max_blocks};
+             p.softcap, p.window, p.block_size, p.max_blocks, p.sink};
   // Kernel choice from host-known sizes only (a graph replays the same choice): the tensor-core
   // kernel when sequences bring 8+ query tokens on average.
   bool prefill = attention_prefill_supported(p.head_dim) && n >= 8 * std::max(1, a.n_seqs);
@@ -202,9 +202,9 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   }
   // Keys visible to a token are at most max_keys = max_blocks * block_size (the engine rounds
   // max_blocks up to a power of two of the batch's longest table, so this is within 2x of the real
-  // context) or the window.
+  // context) or the window and its sink.
   int64_t max_keys = int64_t{p.max_blocks} * p.block_size;
-  if (p.window > 0) max_keys = std::min<int64_t>(max_keys, p.window);
+  if (p.window > 0) max_keys = std::min<int64_t>(max_keys, int64_t{p.window} + std::max(p.sink, 0));
   const AttnDecodePlan plan = attention_decode_plan(a, max_keys, im.n_sms);
   const int64_t splits = plan.n_splits;
   Tensor partials;

@@ -205,6 +205,7 @@ bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const Decod
     for (const Tensor* c : {L.k_cache, L.v_cache})
       if (!c || !on_device(*c, DType::bf16) || c->numel() % kv_out != 0) return false;
     if (L.k_cache->numel() != L.v_cache->numel()) return false;
+    if (L.sink > 0) return false;  // a rotating cache's sink keys: the layer-by-layer path has them
   }
   d->dim = dim, d->ffn = ffn, d->n_heads = ap.n_heads, d->n_kv_heads = ap.n_kv_heads, d->head_dim = hd;
   d->n_slots = first.k_cache->numel() / kv_out;
