@@ -351,15 +351,26 @@ void Engine::load_from_ssd() {
     // The prefix the RAM cache has, held while blocks are adopted (so that none of it is evicted for them).
     std::vector<int32_t> held;
     const int i = blocks_.acquire_prefix(tokens, max_blocks, held, s->block_hashes, /*count=*/false);
-    int n = 0;  // blocks [i, i + n) are on disk, read back (up to the first that fails its checks)
+    int n = 0;  // blocks [i, i + n) are on disk
     while (i + n < max_blocks && n < blocks_.n_free() && ssd_->contains(blocks_.block_hash(tokens, s->block_hashes, i + n)))
       ++n;
-    const std::vector<kvstore::SsdCache::Loaded> run =
-        ssd_->read_run(std::span(s->block_hashes).subspan(i, n), tokens.subspan(static_cast<size_t>(i) * bs));
-    if (run.empty() && i < max_blocks) ssd_->note_miss();
-    std::vector<std::span<const std::byte>> data;
-    for (const kvstore::SsdCache::Loaded& l : run) data.push_back(l.payload());
-    if (!data.empty()) s->n_cached_ssd = adopt_blocks(tokens, i, data) * bs;
+    // Read back in pieces of at most kSsdReadBlocks (the host holds one piece), up to the first
+    // block that fails its checks or is not adopted.
+    constexpr int kSsdReadBlocks = 256;
+    int adopted = 0;
+    for (int at = i; at < i + n;) {
+      const int k = std::min(kSsdReadBlocks, i + n - at);
+      const std::vector<kvstore::SsdCache::Loaded> run =
+          ssd_->read_run(std::span(s->block_hashes).subspan(at, k), tokens.subspan(static_cast<size_t>(at) * bs));
+      std::vector<std::span<const std::byte>> data;
+      for (const kvstore::SsdCache::Loaded& l : run) data.push_back(l.payload());
+      const int got = data.empty() ? 0 : adopt_blocks(tokens, at, data);
+      adopted += got;
+      if (got < k) break;
+      at += k;
+    }
+    if (adopted == 0 && i < max_blocks) ssd_->note_miss();
+    if (adopted > 0) s->n_cached_ssd = adopted * bs;
     blocks_.release(held);
   }
 }
