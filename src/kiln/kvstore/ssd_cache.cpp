@@ -1,6 +1,8 @@
 #include "kiln/kvstore/ssd_cache.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -308,6 +310,9 @@ void SsdCache::writing_failed(const std::string& what) {
 }
 
 void SsdCache::writer_loop() {
+  // The lowest priority: on a CPU backend the forward's threads own every core, and a writer that
+  // takes one from them stalls each step at its barriers; blocks are written when a core is idle.
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
   std::unique_lock lk(mu_);
   for (;;) {
     cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
