@@ -2,12 +2,14 @@
 // `kiln generate` and the server use), and the bytes one decode token reads.
 // Usage: model_bench [--model DIR] [--device cpu|cuda] [--prefill N] [--decode N] [--batch B] [--repeat R]
 //                    [--plan B:P:D,B:P:D,...]   (several runs over one loaded model; overrides the above)
+//                    [--kv-bits 8|4 [--kv-group-size G]]   (a quantized KV cache; kv_bytes_per_token follows it)
 // Prints one JSON object per line: {"model", "prefill_tokens", "prefill_tok_s", "decode_tok_s", ...}.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "kiln/backend/kv_quant.h"
 #include "kiln/base/json.h"
 #include "kiln/cli/embedded.h"
 #include "kiln/engine/engine.h"
@@ -41,6 +43,7 @@ struct PlanEntry {
 
 int main(int argc, char** argv) {
   std::string model, device = "cpu", plan_arg;
+  int kv_bits = 0, kv_group = 64;
   int prefill = 128, decode = 64, batch = 1, repeat = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
@@ -51,6 +54,8 @@ int main(int argc, char** argv) {
     else if (k == "--repeat") repeat = std::atoi(argv[i + 1]);
     else if (k == "--device") device = argv[i + 1];
     else if (k == "--plan") plan_arg = argv[i + 1];
+    else if (k == "--kv-bits") kv_bits = std::atoi(argv[i + 1]);
+    else if (k == "--kv-group-size") kv_group = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -59,6 +64,8 @@ int main(int argc, char** argv) {
   try {
     engine::LoadOptions opt;
     opt.device = device;
+    opt.kv_bits = kv_bits;
+    opt.kv_group_size = kv_group;
     auto m = model.empty() ? engine::load_model_from_memory(cli::embedded_model_files(), cli::kEmbeddedName, opt)
                            : engine::load_model(model, opt);
     const auto& c = m->config;
@@ -107,10 +114,14 @@ int main(int argc, char** argv) {
       best_decode = std::min(best_decode, std::chrono::duration<double>(t2 - t1).count());
     }
     double wb = weight_bytes_per_token(*m);
-    // KV bytes read per decode token at the mean context (K and V in the activation dtype).
-    double kv = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * dtype_size(m->backend->act_dtype()) * (prefill + decode / 2.0);
+    // KV bytes read per decode token at the mean context (K and V: activation dtype, or codes + f16 scales/biases).
+    const double kv_row = static_cast<double>(backend::kv_row_bytes(m->model->config().kv_quant,
+                                                                    int64_t{c.n_kv_heads} * c.head_dim,
+                                                                    dtype_size(m->backend->act_dtype())));
+    double kv = 2.0 * c.n_layers * kv_row * (prefill + decode / 2.0);
     Json j = {{"model", model.empty() ? "stories260K (embedded)" : model},
               {"device", m->backend->name()},
+              {"kv_bits", m->model->config().kv_quant.bits},
               {"prefill_tokens", prefill},
               {"batch", batch},
               {"prefill_tok_s", batch * prefill / best_prefill},

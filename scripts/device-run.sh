@@ -32,6 +32,9 @@
 #   kvtier tests, then the prefix cache's SSD tier (bench/kv_tier_bench) on `kiln synth` llama-3-8b bf16: TTFT of
 #          2k/8k/32k-token prompts cold, RAM hit, SSD hit after a restart (page cache dropped where allowed),
 #          decode with the tier on vs off
+#   kvquant  the quantized KV cache (run `tests` first: cuda_ops_test/cuda_kv_files_test hold its parity tests):
+#          bench/cuda_attn_bench (decode at 4k/32k, batch 1/8: bf16 vs --kv-bits 8/4 caches), then model_bench
+#          decode on `kiln synth` llama-3-8b bf16 at 4k and 32k contexts with --kv-bits 0/8/4 (graphs on)
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +81,14 @@ if want kvtier; then  # the model, built while the GPU runs the tests
   ( [ -f "$M/llama-3-8b/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b" --dtype bf16 --force
   ) > "$OUT/prepare_kvtier.log" 2>&1 &
   prep_kvtier=$!
+fi
+if want kvquant; then  # the model, built while the GPU runs the attention bench
+  mkdir -p "$M"
+  ( [ -f "$M/llama-3-8b/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b" --dtype bf16 --force
+  ) > "$OUT/prepare_kvquant.log" 2>&1 &
+  prep_kvquant=$!
+  el "=== cuda_attn_bench (prefill, then decode by KV cache bits)"
+  kl timeout 120 "$X/bin/cuda_attn_bench" | tee "$OUT/attn_bench.txt" || status=1
 fi
 if want spec; then  # CPU-bound: the models, built while the GPU runs the tests
   mkdir -p "$M"
@@ -206,6 +217,15 @@ if [ -n "${prep_kvtier:-}" ]; then
     kl timeout 250 "$X/bin/kv_tier_bench" --device cuda --model "$M/llama-3-8b" --prompt 2048,8192,32000 --decode 128 \
       --dir /tmp/kiln-tier-bench $drop 2>&1 | grep -v "^kiln info" | tr '\r' '\n' | grep -v "uploading weights" |
       tee -a "$OUT/kv_tier_bench.txt" || status=1
+  done
+fi
+if [ -n "${prep_kvquant:-}" ]; then
+  wait $prep_kvquant || { echo "synth failed"; tail -n 3 "$OUT/prepare_kvquant.log"; status=1; }
+  : > "$OUT/kvquant.jsonl"
+  for bits in 0 8 4; do
+    el "=== model_bench llama-3-8b --kv-bits $bits (decode at 4k and 32k contexts)"
+    kl timeout 150 "$X/bin/model_bench" --device cuda --model "$M/llama-3-8b" --repeat 1 --kv-bits $bits \
+      --plan 1:4096:129,8:4096:65,1:32000:65 2>"$OUT/kvquant_$bits.err" | tee -a "$OUT/kvquant.jsonl" || status=1
   done
 fi
 if [ "$what" = bench ]; then

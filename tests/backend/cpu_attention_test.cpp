@@ -3,6 +3,9 @@
 // shuffled block tables over a NaN-poisoned cache, GQA ratios 1/2/4, head_dim 8/16/64/128,
 // sliding window and softcap on/off, the rotating cache's sink keys before a window (the blocks no
 // token sees then point at never-written NaN blocks), at every SIMD level this machine supports.
+// Quantized caches (8 and 4 bits): the same reference over values dequantized here from the cache's
+// own codes, scales and biases (a generic bit-stream reader, not the kernel's), and a loose bound
+// against the float cache's output.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <numeric>
 
 #include "cpu_test_util.h"
+#include "kiln/backend/kv_quant.h"
 
 namespace kiln::backend::cpu {
 namespace {
@@ -23,10 +27,40 @@ struct Seq {
   int64_t n_query;   // this step's tokens: positions [len - n_query, len)
 };
 
+// Row r of the values a quantized cache holds at slots[r]: codes read as the LSB-first bit stream of
+// u32 words, times the f16 scale plus the f16 bias of their group.
+std::vector<float> dequantized_rows(const KvTensor& c, const Tensor& slots, int64_t width) {
+  const int bits = c.quant.bits, g = c.quant.group_size;
+  const int64_t words = width * bits / 32, groups = width / g;
+  std::vector<float> out(slots.numel() * width);
+  for (int64_t r = 0; r < slots.numel(); ++r) {
+    const int64_t s = slots.ptr<int32_t>()[r];
+    for (int64_t i = 0; i < width; ++i) {
+      const uint64_t bit = static_cast<uint64_t>(i) * bits;
+      const uint32_t code = (c.data.ptr<uint32_t>()[s * words + bit / 32] >> (bit % 32)) & ((1u << bits) - 1);
+      out[r * width + i] = static_cast<float>(code) * f16_to_f32(c.scales.ptr<uint16_t>()[s * groups + i / g]) +
+                           f16_to_f32(c.biases.ptr<uint16_t>()[s * groups + i / g]);
+    }
+  }
+  return out;
+}
+
+// A cache for n_blocks of block_size rows of width under quant, every byte 0xFF (f32/f16 NaN), so
+// reading a row that was not written poisons the output.
+KvTensor poisoned_cache(Backend& be, const KvQuant& quant, int64_t n_blocks, int64_t block_size, int64_t width) {
+  KvTensor c = make_kv_tensor([&](DType t, Shape s) { return be.alloc(t, std::move(s)); }, quant, n_blocks, block_size,
+                              width, DType::f32);
+  for (Tensor* t : {&c.data, &c.scales, &c.biases})
+    if (!t->empty()) std::memset(t->data, 0xFF, t->nbytes());
+  return c;
+}
+
 // Builds the cache for `seqs` through kv_write, runs attention for every sequence's query tokens
-// and compares each output with a double-precision softmax over the visible keys.
-void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, int n_kv_heads, int gqa, int head_dim,
-                     int window, float softcap, int block_size, int sink = 0) {
+// and compares each output with a double-precision softmax over the visible keys (for a quantized
+// cache, over the values its codes hold). A quantized cache also runs against a float cache of the
+// same K/V: the largest |difference| of the outputs is returned (0 for a float cache).
+double check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, int n_kv_heads, int gqa, int head_dim,
+                       int window, float softcap, int block_size, int sink = 0, const KvQuant& quant = {}) {
   Backend* be = &backend;
   AttnParams p;
   p.n_kv_heads = n_kv_heads;
@@ -59,10 +93,8 @@ void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, i
       tables.ptr<int32_t>()[s * p.max_blocks + b] = perm[next++];
 
   // The cache starts as NaN: reading any row that was not written poisons the output.
-  Tensor k_cache = be->alloc(DType::f32, {n_blocks, block_size, kv_width});
-  Tensor v_cache = be->alloc(DType::f32, {n_blocks, block_size, kv_width});
-  test::fill_nan(k_cache);
-  test::fill_nan(v_cache);
+  KvTensor k_cache = poisoned_cache(*be, quant, n_blocks, block_size, kv_width);
+  KvTensor v_cache = poisoned_cache(*be, quant, n_blocks, block_size, kv_width);
 
   // Every sequence's K/V for positions [0, len), written in one kv_write call.
   int64_t total = 0;
@@ -113,8 +145,13 @@ void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, i
   test::fill_nan(out);
   be->attention(q, k_cache, v_cache, tables, token_seq, token_pos, p, out);
 
-  const float* K = k_all.ptr<float>();
-  const float* V = v_all.ptr<float>();
+  std::vector<float> k_ref, v_ref;  // what the cache holds, row by row of k_all / v_all
+  if (quant.on()) {
+    k_ref = dequantized_rows(k_cache, slots, kv_width);
+    v_ref = dequantized_rows(v_cache, slots, kv_width);
+  }
+  const float* K = quant.on() ? k_ref.data() : k_all.ptr<float>();
+  const float* V = quant.on() ? v_ref.data() : v_all.ptr<float>();
   for (int64_t t = 0; t < n; ++t)
     for (int h = 0; h < p.n_heads; ++h) {
       const int kvh = h / gqa;
@@ -138,10 +175,19 @@ void check_attention(Backend& backend, Rng& rng, const std::vector<Seq>& seqs, i
         for (size_t c = 0; c < keys.size(); ++c)
           ref += sc[c] / sum * V[(base[tseq[t]] + keys[c]) * kv_width + kvh * head_dim + i];
         // a convex combination of |v| <= 1 values: 1e-5 absolute is ~100 f32 ulps of the scale
-        ASSERT_NEAR(out.ptr<float>()[t * q_width + h * head_dim + i], ref, 1e-5)
+        EXPECT_NEAR(out.ptr<float>()[t * q_width + h * head_dim + i], ref, 1e-5)
             << "token " << t << " head " << h << " dim " << i;
+        if (::testing::Test::HasFailure()) return 0;
       }
     }
+  if (!quant.on()) return 0;
+  KvTensor kf = poisoned_cache(*be, {}, n_blocks, block_size, kv_width), vf = poisoned_cache(*be, {}, n_blocks, block_size, kv_width);
+  be->kv_write(k_all, v_all, slots, kf, vf);
+  Tensor out_f = be->alloc(DType::f32, {n, q_width});
+  be->attention(q, kf, vf, tables, token_seq, token_pos, p, out_f);
+  double worst = 0;
+  for (int64_t i = 0; i < out.numel(); ++i) worst = std::max(worst, double(std::fabs(out.ptr<float>()[i] - out_f.ptr<float>()[i])));
+  return worst;
 }
 
 TEST_P(CpuAttention, PagedRaggedMatchesReference) {
@@ -213,6 +259,65 @@ TEST_P(CpuAttention, KvWriteStoresRowsAndSkipsPadding) {
     }
   slots.ptr<int32_t>()[0] = 12;
   EXPECT_THROW(be->kv_write(k, v, slots, kc, vc), Error);
+}
+
+// Quantized caches: exact (to f32 rounding) against the values the codes hold, on every path of
+// the driver (ragged prefill + decode, GQA groups, window, sink keys, softcap, head_dim 8 with one
+// group per head row); against the float cache of the same K/V within a bound of the quantization step:
+// |k|, |v| <= 1 give steps of 2/255 (8-bit) and 2/15 (4-bit), so a value is off by at most half a
+// step plus the f16 rounding of scale and bias; the output (a convex combination of values, under
+// weights that move with the keys' errors) is asserted within 2 steps.
+TEST_P(CpuAttention, QuantizedCacheMatchesItsCodesAndNearsFloat) {
+  Rng rng("CpuAttention.Quantized");
+  auto be = backend();
+  const std::vector<Seq> seqs = {{1, 1}, {70, 1}, {7, 7}, {33, 5}};
+  for (int bits : {8, 4})
+    for (int gqa : {1, 4})
+      for (int head_dim : {8, 64, 128})
+        for (int window : {0, 24})
+          for (float softcap : {0.0f, 1.5f}) {
+            const KvQuant q = resolve_kv_quant(bits, head_dim == 128 ? 32 : 64, head_dim);
+            SCOPED_TRACE(fmt::format("bits={} group={} gqa={} head_dim={} window={} softcap={}", bits, q.group_size, gqa,
+                                     head_dim, window, softcap));
+            // (with a window, the rotating cache's 4 sink keys too)
+            for (int sink : {0, window > 0 ? 4 : 0}) {
+              const double d = check_attention(*be, rng, seqs, 2, gqa, head_dim, window, softcap, 16, sink, q);
+              if (HasFailure()) return;
+              EXPECT_LT(d, 2 * 2.0 / ((1 << bits) - 1));
+            }
+          }
+}
+
+TEST_P(CpuAttention, QuantizedKvWriteSkipsPaddingAndChecksLayout) {
+  Rng rng("CpuAttention.QuantizedKvWrite");
+  auto be = backend();
+  const int64_t width = 64, n_blocks = 2, block_size = 4;
+  const KvQuant q{4, 32};
+  KvTensor kc = poisoned_cache(*be, q, n_blocks, block_size, width), vc = poisoned_cache(*be, q, n_blocks, block_size, width);
+  Tensor k = rng.tensor(DType::f32, {2, width}), v = rng.tensor(DType::f32, {2, width});
+  Tensor slots = test::host_ints({6, -1});
+  be->kv_write(k, v, slots, kc, vc);
+  // Row 6 holds k[0] quantized (the reference row quantizer); every other row keeps its poison.
+  std::vector<uint32_t> codes(width * 4 / 32);
+  std::vector<uint16_t> sc(2), bi(2);
+  quantize_kv_row(k.ptr<float>(), width, q, codes.data(), sc.data(), bi.data());
+  for (int64_t w = 0; w < 8; ++w) EXPECT_EQ(kc.data.ptr<uint32_t>()[6 * 8 + w], codes[w]);
+  for (int64_t g = 0; g < 2; ++g) {
+    EXPECT_EQ(kc.scales.ptr<uint16_t>()[6 * 2 + g], sc[g]);
+    EXPECT_EQ(kc.biases.ptr<uint16_t>()[6 * 2 + g], bi[g]);
+  }
+  for (int64_t r = 0; r < n_blocks * block_size; ++r)
+    if (r != 6) {
+      EXPECT_EQ(kc.scales.ptr<uint16_t>()[r * 2], 0xFFFF) << r;
+    }
+  slots.ptr<int32_t>()[0] = 8;  // past the cache
+  EXPECT_THROW(be->kv_write(k, v, slots, kc, vc), Error);
+  slots.ptr<int32_t>()[0] = 1;
+  KvTensor wrong = vc;
+  wrong.quant = {8, 32};  // planes of a 4-bit layout under 8-bit params
+  EXPECT_THROW(be->kv_write(k, v, slots, kc, wrong), Error);
+  KvTensor narrow = poisoned_cache(*be, q, n_blocks, block_size, 32);
+  EXPECT_THROW(be->kv_write(k, v, slots, narrow, narrow), Error);
 }
 
 TEST_P(CpuAttention, RejectsBlockOutsideCache) {

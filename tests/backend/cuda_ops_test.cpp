@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "cpu_test_util.h"
+#include "kiln/backend/kv_quant.h"
 #ifdef KILN_HAVE_CUDA
 #include "kiln/backend/cuda/cuda_backend.h"
 #endif
@@ -276,11 +277,30 @@ class CudaAttention : public CudaOps {
   // sink > 0: the rotating cache's first keys besides the window; the blocks no query token of a
   // sequence sees then point at a spare block (random rows the CPU reference never reads).
   void check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs, bool shuffle,
-             int n_kv_heads = 2, int sink = 0);
+             int n_kv_heads = 2, int sink = 0, const KvQuant& quant = {});
 };
 
+// A quantized cache of the rows of f32 cache c [n_blocks, bs, width] (quantize_kv_row per row), on the host.
+KvTensor quantized_host(const Tensor& c, const KvQuant& q) {
+  const int64_t width = c.dim(2);
+  KvTensor t = make_kv_tensor([](DType d, Shape s) { return Tensor::host(d, std::move(s)); }, q, c.dim(0), c.dim(1),
+                              width, DType::f32);
+  const int64_t words = width * q.bits / 32, groups = width / q.group_size;
+  for (int64_t r = 0; r < c.rows(); ++r)
+    quantize_kv_row(c.ptr<float>() + r * width, width, q, t.data.ptr<uint32_t>() + r * words,
+                    t.scales.ptr<uint16_t>() + r * groups, t.biases.ptr<uint16_t>() + r * groups);
+  return t;
+}
+KvTensor upload_kv(Backend& be, const KvTensor& h) {
+  KvTensor d = h;
+  d.data = be.upload(h.data);
+  d.scales = be.upload(h.scales);
+  d.biases = be.upload(h.biases);
+  return d;
+}
+
 void CudaAttention::check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int hd, int window, float softcap, int bs,
-                          bool shuffle, int n_kv_heads, int sink) {
+                          bool shuffle, int n_kv_heads, int sink, const KvQuant& quant) {
   AttnParams p;
   p.n_kv_heads = n_kv_heads;
   p.n_heads = n_kv_heads * gqa;
@@ -332,9 +352,11 @@ void CudaAttention::check(Rng& rng, const std::vector<Seq>& seqs, int gqa, int h
   const int64_t n = static_cast<int64_t>(tseq.size());
   Tensor q = act(rng, {n, q_width}, 2.0f);
   Tensor ref = Tensor::host(DType::f32, {n, q_width});
-  cpu().attention(q, kc, vc, ints(tables), ints(tseq), ints(tpos), p, ref);
-  Tensor qd = dev(q), kcd = dev(kc), vcd = dev(vc), bt = gpu().upload(ints(tables)), ts = gpu().upload(ints(tseq)),
-         tp = gpu().upload(ints(tpos));
+  // A quantized cache: the same codes on both sides (the CPU reads them as the GPU must).
+  const KvTensor kq = quant.on() ? quantized_host(kc, quant) : KvTensor(kc), vq = quant.on() ? quantized_host(vc, quant) : KvTensor(vc);
+  cpu().attention(q, kq, vq, ints(tables), ints(tseq), ints(tpos), p, ref);
+  const KvTensor kcd = quant.on() ? upload_kv(gpu(), kq) : KvTensor(dev(kc)), vcd = quant.on() ? upload_kv(gpu(), vq) : KvTensor(dev(vc));
+  Tensor qd = dev(q), bt = gpu().upload(ints(tables)), ts = gpu().upload(ints(tseq)), tp = gpu().upload(ints(tpos));
   for (int kernel : {1, 2}) {  // decode (split-K), prefill (tensor cores) where head_dim allows
     set_kernel(kernel);
     Tensor out = poisoned(DType::bf16, {n, q_width});
@@ -441,6 +463,57 @@ TEST_F(CudaAttention, RotatingSinkAndWindow) {
   SCOPED_TRACE("blocks of 4, interleaved tokens, softcap");
   check(rng, mixed, 4, 128, 60, 30.0f, 4, true, 2, 4);
   check(rng, {{5000, 1}, {3000, 300}}, 4, 128, 1020, 0.0f, 16, false, 2, 4);
+}
+
+// Quantized caches (8 and 4 bits): the quantized decode kernel (head_dim 64/128), the generic one
+// (head_dim 16) and the prefill kernel's dequantizing tile loads against the CPU over the same
+// codes; GQA 1/4/8, windows (with sink keys too), softcap, ragged batches, groups of 32 and 64, a long decode (splits +
+// combine) and a long prefill.
+TEST_F(CudaAttention, QuantizedCaches) {
+  Rng rng("CudaAttention.Quantized");
+  const std::vector<Seq> mixed = {{1, 1}, {70, 1}, {7, 7}, {33, 5}, {129, 64}, {5, 1}};
+  for (int bits : {8, 4})
+    for (int hd : {16, 64, 128})
+      for (int gqa : {1, 4, 8}) {
+        const KvQuant q = resolve_kv_quant(bits, 64, hd);
+        SCOPED_TRACE(fmt::format("bits={} group={} head_dim={} gqa={}", bits, q.group_size, hd, gqa));
+        check(rng, mixed, gqa, hd, 0, 0.0f, 16, false, 2, 0, q);
+        check(rng, mixed, gqa, hd, 37, 30.0f, 16, true, 2, 0, q);
+        check(rng, mixed, gqa, hd, 20, 0.0f, 16, false, 2, 4, q);  // the rotating cache's sink keys
+      }
+  for (int bits : {8, 4}) {
+    SCOPED_TRACE(fmt::format("long, bits={}", bits));
+    check(rng, {{5000, 1}, {900, 1}}, 4, 128, 0, 0.0f, 16, false, 2, 0, {bits, 64});
+    check(rng, {{2048, 2048}}, 4, 128, 0, 0.0f, 16, false, 1, 0, {bits, 32});
+  }
+}
+
+// kv_write into a quantized cache: codes, scales and biases equal the CPU's (one rule, IEEE f32
+// arithmetic on both), padding slots skipped; rope_kv_write takes the same path.
+TEST_F(CudaOps, QuantizedKvWrite) {
+  Rng rng("CudaOps.QuantizedKvWrite");
+  for (int bits : {8, 4})
+    for (int group : {32, 64}) {
+      SCOPED_TRACE(fmt::format("bits={} group={}", bits, group));
+      const KvQuant q{bits, group};
+      const int64_t width = 256, n_blocks = 3, bs = 4;
+      const std::vector<int32_t> slot = {7, -1, 0, 11, 3};
+      Tensor k = act(rng, {5, width}, 3.0f), v = act(rng, {5, width});
+      auto host_alloc = [](DType d, Shape s) { return Tensor::host(d, std::move(s)); };
+      KvTensor kc = make_kv_tensor(host_alloc, q, n_blocks, bs, width, DType::f32), vc = kc;
+      vc = make_kv_tensor(host_alloc, q, n_blocks, bs, width, DType::f32);
+      cpu_->kv_write(k, v, ints(slot), kc, vc);
+      KvTensor kcd = upload_kv(*gpu_, make_kv_tensor(host_alloc, q, n_blocks, bs, width, DType::f32));
+      KvTensor vcd = upload_kv(*gpu_, make_kv_tensor(host_alloc, q, n_blocks, bs, width, DType::f32));
+      gpu_->kv_write(dev(k), dev(v), gpu_->upload(ints(slot)), kcd, vcd);
+      for (auto [h, d] : {std::pair{&kc, &kcd}, std::pair{&vc, &vcd}}) {
+        for (auto [ht, dt] : {std::pair{&h->data, &d->data}, std::pair{&h->scales, &d->scales}, std::pair{&h->biases, &d->biases}}) {
+          const Tensor back_t = gpu_->to_host(*dt);
+          ASSERT_EQ(back_t.nbytes(), ht->nbytes());
+          EXPECT_EQ(std::memcmp(back_t.data, ht->data, ht->nbytes()), 0) << "plane " << dtype_name(ht->dtype);
+        }
+      }
+    }
 }
 
 TEST_F(CudaAttention, PrefillLongPrompts) {

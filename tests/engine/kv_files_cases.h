@@ -4,13 +4,17 @@
 // another block size, too) equals generating over the same prompt + continuation from scratch;
 // a second engine on the same SSD folder (a restarted server) reads the first one's blocks back
 // (>= 90% of the prompt) and generates the same tokens as cold; a corrupted or truncated block
-// file is rejected and the output is still right.
+// file is rejected and the output is still right. Quantized caches (--kv-bits 8 / 4): the same
+// oracles in quantized form (the file holds codes/scales/biases triples, mlx-lm's "{l}.{k}.{j}"
+// keys), a file of other bits or group size refused naming both, and float and quantized engines
+// never sharing SSD folders.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "kiln/engine/engine.h"
 #include "kiln/engine/loader.h"
@@ -37,11 +41,15 @@ class KILN_KV_SUITE : public ::testing::Test {
 
 namespace {
 
-LoadedModel& stories() {
-  static std::unique_ptr<LoadedModel> m = [] {
+// stories260K with a float KV cache (kv_bits 0) or one quantized at kv_bits (groups of 8 = its head_dim).
+LoadedModel& stories(int kv_bits = 0) {
+  static std::map<int, std::unique_ptr<LoadedModel>> models;
+  std::unique_ptr<LoadedModel>& m = models[kv_bits];
+  if (!m) {
     const char* e = std::getenv("KILN_SHARED_DIR");
-    return load_model(std::string(e ? e : KILN_SHARED_DIR) + "/models/stories260K", {.device = KILN_KV_DEVICE});
-  }();
+    m = load_model(std::string(e ? e : KILN_SHARED_DIR) + "/models/stories260K",
+                   {.device = KILN_KV_DEVICE, .kv_bits = kv_bits});
+  }
   return *m;
 }
 
@@ -58,7 +66,7 @@ struct Output {
   int n_cached = 0, n_cached_ssd = 0;
 };
 
-EngineConfig config(int block_size, const std::string& ssd_dir = "") {
+EngineConfig config(int block_size, const std::string& ssd_dir = "") {  // (the key is the same for every kv_bits)
   EngineConfig ec;
   ec.scheduler.max_seqs = 2;
   ec.block_size = block_size;
@@ -172,4 +180,109 @@ TEST_F(KILN_KV_SUITE, ASecondEngineOnTheSsdFolderReadsTheBlocksBack) {
     EXPECT_EQ(again.tokens, cold.tokens);
     EXPECT_EQ(again.n_cached, 16);  // block 0 only
   }
+}
+
+namespace {
+
+// cache-prompt's steps on the model of kv_bits: prefill only, export the full blocks, save.
+kvstore::PromptCache make_prompt_cache(int kv_bits, const std::vector<int32_t>& prompt, const std::string& path) {
+  LoadedModel& m = stories(kv_bits);
+  Engine eng(*m.model, config(16));
+  generate(eng, prompt, 0);
+  kvstore::PromptCache pc;
+  pc.model = "stories260K";
+  pc.model_fingerprint = m.fingerprint;
+  pc.tokenizer_fingerprint = m.tokenizer_fingerprint;
+  pc.tokens = prompt;
+  pc.layout = kvstore::KvLayout::of(eng.kv_cache());
+  pc.n_layers = m.config.n_layers;
+  pc.n_blocks = eng.export_prefix(prompt, pc.data);
+  kvstore::save_prompt_cache(path, pc);
+  return pc;
+}
+
+}  // namespace
+
+TEST_F(KILN_KV_SUITE, QuantizedCacheFileRoundTripsAndRefusesOtherBits) {
+  const std::vector<int32_t> prompt = encode(kStory);
+  std::vector<int32_t> all = prompt, cont = stories().tokenizer->encode(", Lily woke up and", false);
+  all.insert(all.end(), cont.begin(), cont.end());
+  for (int bits : {8, 4}) {
+    SCOPED_TRACE(fmt::format("kv_bits {}", bits));
+    const std::string path = (dir_ / fmt::format("q{}.safetensors", bits)).string();
+    make_prompt_cache(bits, prompt, path);
+    // The file: per layer K and V triples (u32 codes, f16 scales, f16 biases) under mlx-lm's keys.
+    const io::SafetensorsFile f = io::SafetensorsFile::open(path);
+    const int64_t width = 4 * 8, rows = static_cast<int64_t>(prompt.size()) / 16 * 16;  // 4 kv heads x 8
+    EXPECT_EQ(f.tensors().size(), 6u * stories().config.n_layers);
+    for (const char* k : {"0.0.0", "4.1.0"}) {
+      ASSERT_TRUE(f.tensors().count(k)) << k;
+      EXPECT_EQ(f.tensors().at(k).dtype, DType::u32);
+      EXPECT_EQ(f.tensors().at(k).shape, (Shape{rows, width * bits / 32}));
+    }
+    for (const char* k : {"0.0.1", "2.1.2"}) {
+      ASSERT_TRUE(f.tensors().count(k)) << k;
+      EXPECT_EQ(f.tensors().at(k).dtype, DType::f16);
+      EXPECT_EQ(f.tensors().at(k).shape, (Shape{rows, width / 8}));
+    }
+    EXPECT_EQ(f.metadata().at("kv_bits"), std::to_string(bits));
+    EXPECT_EQ(f.metadata().at("kv_group_size"), "8");
+
+    // Greedy after loading it (into blocks of 16 and of 8) equals single-shot over the same cache.
+    Engine cold(*stories(bits).model, config(16));
+    const Output expect = generate(cold, all, 40);
+    const kvstore::PromptCache pc = kvstore::load_prompt_cache(path);
+    for (int bs : {16, 8}) {
+      Engine eng(*stories(bits).model, config(bs));
+      const kvstore::KvLayout layout = kvstore::KvLayout::of(eng.kv_cache());
+      kvstore::check_prompt_cache_layout(pc, path, layout);
+      int n = 0;
+      const auto data = kvstore::reblock(pc, layout, n);
+      EXPECT_EQ(eng.import_prefix(pc.tokens, n, data), n);
+      const Output got = generate(eng, all, 40);
+      EXPECT_EQ(got.n_cached, n * bs) << "block size " << bs;
+      EXPECT_EQ(got.tokens, expect.tokens) << "block size " << bs;
+    }
+    // Another cache's layout is refused, naming both.
+    for (int other : {0, 12 - bits}) {
+      Engine eng(*stories(other).model, config(16));
+      try {
+        kvstore::check_prompt_cache_layout(pc, path, kvstore::KvLayout::of(eng.kv_cache()));
+        ADD_FAILURE() << "a " << bits << "-bit file accepted by a cache of kv_bits " << other;
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(fmt::format("--kv-bits {} --kv-group-size 8", bits)), std::string::npos) << msg;
+        EXPECT_NE(msg.find(other ? fmt::format("--kv-bits {}", other) : std::string("in float (no --kv-bits)")), std::string::npos)
+            << msg;
+      }
+    }
+  }
+}
+
+TEST_F(KILN_KV_SUITE, QuantizedSsdTierRoundTripsAndNeverSharesFloatFolders) {
+  const std::vector<int32_t> prompt = encode(kStory);
+  Output cold;
+  {
+    Engine eng(*stories(8).model, config(16, dir_.string()));
+    cold = generate(eng, prompt, 30);
+    const Output again = generate(eng, prompt, 30);  // the in-memory prefix cache, quantized blocks shared
+    EXPECT_GE(again.n_cached, static_cast<int>(prompt.size()) - 16);
+    EXPECT_EQ(again.tokens, cold.tokens);
+  }
+  {  // a restarted 8-bit server reads its blocks back: the same tokens as cold
+    Engine eng(*stories(8).model, config(16, dir_.string()));
+    const Output warm = generate(eng, prompt, 30);
+    EXPECT_GE(warm.n_cached, static_cast<int>(0.9 * prompt.size()));
+    EXPECT_EQ(warm.n_cached_ssd, warm.n_cached);
+    EXPECT_EQ(warm.tokens, cold.tokens);
+  }
+  for (int other : {0, 4}) {  // a float or 4-bit server on the same folder finds none of them
+    Engine eng(*stories(other).model, config(16, dir_.string()));
+    const Output got = generate(eng, prompt, 5);
+    EXPECT_EQ(got.n_cached_ssd, 0) << "kv_bits " << other;
+    EXPECT_EQ(eng.ssd()->stats().hits, 0) << "kv_bits " << other;
+  }
+  int folders = 0;  // one per layout, side by side
+  for (auto& e : fs::directory_iterator(dir_)) folders += e.is_directory();
+  EXPECT_EQ(folders, 3);
 }

@@ -40,6 +40,32 @@ struct AttnParams {
   int max_blocks = 0;    // row stride of block_tables
 };
 
+// The KV cache's quantization (--kv-bits, --kv-group-size): bits 0 = float rows in the activation
+// dtype; 8 or 4 = affine codes per group of group_size values along each head's head_dim (the group
+// divides head_dim, so no group straddles two heads): kv_quant.h's rule, mlx's code packing.
+struct KvQuant {
+  int bits = 0, group_size = 0;
+  bool on() const { return bits != 0; }
+  bool operator==(const KvQuant&) const = default;
+};
+
+// One layer's K (or V) cache, width = n_kv_heads * head_dim values per token:
+//   float:     data [n_blocks, block_size, width] in the activation dtype; scales, biases empty.
+//   quantized: data u32 [n_blocks, block_size, width * bits / 32] (each row an LSB-first bit stream
+//              of width codes, as mlx's quantize packs it: 8-bit = one code a byte, 4-bit = two, the
+//              lower nibble first), scales and biases f16 [n_blocks, block_size, width / group_size];
+//              value = code * scale + bias, computed in f32.
+// The ops take it by const reference (the handles stay, the rows they point at are written); a
+// plain Tensor converts to a float one.
+struct KvTensor {
+  Tensor data, scales, biases;
+  KvQuant quant;
+  KvTensor() = default;
+  KvTensor(const Tensor& t) : data(t) {}  // NOLINT: a float cache
+  bool quantized() const { return quant.on(); }
+  int64_t n_rows() const { return data.rows(); }  // n_blocks * block_size
+};
+
 enum class Activation { silu, gelu_tanh, gelu };
 
 // One layer of a Llama-style pre-norm decoder, by reference (FusedDecoder::run): the weights stay
@@ -49,8 +75,8 @@ struct DecoderLayerRef {
   const Tensor* mlp_norm = nullptr;
   const Weight *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   const Weight *gate = nullptr, *up = nullptr, *down = nullptr;
-  Tensor* k_cache = nullptr;  // [n_blocks, block_size, n_kv_heads * head_dim]
-  Tensor* v_cache = nullptr;
+  KvTensor* k_cache = nullptr;  // float: [n_blocks, block_size, n_kv_heads * head_dim]
+  KvTensor* v_cache = nullptr;  // (a fused decoder declines quantized caches it does not cover)
   int window = 0;  // sliding window in tokens, 0 = full
   int sink = 0;    // keys kept before the window (AttnParams::sink); the CUDA fused decoder has none
 };
@@ -164,13 +190,18 @@ class Backend {
   // "rotate_half" layout over the first 2*inv_freq.numel() dims: angle_i = pos * inv_freq[i];
   // cos/sin are multiplied by attn_factor (yarn). inv_freq f32 [rotary_dim / 2].
   virtual void rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) = 0;
-  // Writes k, v [n_tokens, n_kv_heads * head_dim] into the caches [n_blocks, block_size,
-  // n_kv_heads * head_dim] at rows slots[t] (i32 [n_tokens], block * block_size + offset).
-  virtual void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) = 0;
+  // Writes k, v [n_tokens, n_kv_heads * head_dim] into the caches (KvTensor: float [n_blocks,
+  // block_size, n_kv_heads * head_dim], or quantized: each row quantized once, here, group by group
+  // with kv_quant.h's rule, as quantize_kv_row) at rows slots[t] (i32 [n_tokens],
+  // block * block_size + offset; < 0: skipped).
+  virtual void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, const KvTensor& k_cache,
+                        const KvTensor& v_cache) = 0;
   // out [n_tokens, n_heads * head_dim] = softmax(q·Kᵀ * scale (softcapped, masked)) · V.
   // q [n_tokens, n_heads * head_dim]; token_seq, token_pos i32 [n_tokens];
   // block_tables i32 [n_seqs * max_blocks]. GQA: head h reads kv head h / (n_heads / n_kv_heads).
-  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+  // Quantized caches are read as they are: each key/value row dequantized on the fly (the same f32
+  // values dequantize_kv_row gives), never a dequantized copy of the cache.
+  virtual void attention(const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache, const Tensor& block_tables,
                          const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) = 0;
   // out = act(gate) * up; gate, up, out [n, ffn] (out may alias gate).
   virtual void gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) = 0;
@@ -199,7 +230,8 @@ class Backend {
   // place, as rope()), then kv_write(k, v, slots, k_cache, v_cache) of the rotated k (v [n_tokens,
   // n_kv_heads * head_dim]).
   virtual void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
-                             float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache);
+                             float attn_factor, const Tensor& slots, const KvTensor& k_cache,
+                             const KvTensor& v_cache);
   // y[i] = x · w[i]ᵀ (+ bias[i]) for up to kMaxMultiMatmul weights sharing the input x [n, in]
   // (q/k/v, gate/up); y[i] [n, out_i]; w.size() == y.size(). Same result as matmul() per pair.
   static constexpr size_t kMaxMultiMatmul = 4;

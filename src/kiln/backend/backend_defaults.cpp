@@ -35,7 +35,8 @@ void Backend::add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, floa
 }
 
 void Backend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
-                            float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+                            float attn_factor, const Tensor& slots, const KvTensor& k_cache,
+                            const KvTensor& v_cache) {
   if (q.ndim() != 3 || k.ndim() != 3 || q.dim(0) != k.dim(0))
     fail(name(), "rope_kv_write: q {} and k {} must be [n_tokens, heads, head_dim] of the same n_tokens",
          shape_str(q.shape), shape_str(k.shape));

@@ -61,16 +61,44 @@ void rope(const char* who, const Tensor& x, const Tensor& pos, const Tensor& inv
     fail(who, "rope: rotary dim {} exceeds head_dim {}", 2 * inv_freq.numel(), x.dim(2));
 }
 
-void kv_write(const char* who, const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& k_cache,
-              const Tensor& v_cache) {
-  const int64_t n = slots.numel(), width = k.cols();
-  if (k.numel() != n * width || v.numel() != n * width || k_cache.cols() != width || v_cache.cols() != width ||
-      k_cache.numel() != v_cache.numel() || k.dtype != k_cache.dtype || v.dtype != k.dtype || v_cache.dtype != k.dtype)
-    fail(who, "kv_write: k {} v {} slots {} caches {} {}", shape_str(k.shape), shape_str(v.shape), n,
-         shape_str(k_cache.shape), shape_str(v_cache.shape));
+const Tensor& float_kv(const char* who, const char* op, const KvTensor& t) {
+  if (t.quantized())
+    fail(who, "{}: a quantized KV cache ({}-bit, --kv-bits) is not supported on this backend; run without --kv-bits "
+         "or on the CPU", op, t.quant.bits);
+  return t.data;
 }
 
-void attention(const char* who, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+int64_t kv_tensor(const char* who, const char* op, const KvTensor& t, int64_t width, DType float_dtype) {
+  const int64_t rows = t.data.rows();
+  if (!t.quantized()) {
+    if (t.data.cols() != width || t.data.dtype != float_dtype || !t.scales.empty())
+      fail(who, "{}: cache {} {} is not rows of {} {} values", op, dtype_name(t.data.dtype), shape_str(t.data.shape),
+           width, dtype_name(float_dtype));
+    return rows;
+  }
+  const KvQuant& q = t.quant;
+  if ((q.bits != 4 && q.bits != 8) || q.group_size <= 0 || width % q.group_size != 0 || (q.group_size * q.bits) % 32)
+    fail(who, "{}: a {}-bit cache with groups of {} cannot hold rows of {}", op, q.bits, q.group_size, width);
+  if (t.data.dtype != DType::u32 || t.data.cols() != width * q.bits / 32 || t.scales.dtype != DType::f16 ||
+      t.biases.dtype != DType::f16 || t.scales.cols() != width / q.group_size ||
+      t.biases.cols() != width / q.group_size || t.scales.rows() != rows || t.biases.rows() != rows)
+    fail(who, "{}: quantized cache codes {} {} scales {} {} biases {} {} are not rows of {} values at {} bits, groups of {}",
+         op, dtype_name(t.data.dtype), shape_str(t.data.shape), dtype_name(t.scales.dtype), shape_str(t.scales.shape),
+         dtype_name(t.biases.dtype), shape_str(t.biases.shape), width, q.bits, q.group_size);
+  return rows;
+}
+
+void kv_write(const char* who, const Tensor& k, const Tensor& v, const Tensor& slots, const KvTensor& k_cache,
+              const KvTensor& v_cache) {
+  const int64_t n = slots.numel(), width = k.cols();
+  if (k.numel() != n * width || v.numel() != n * width || v.dtype != k.dtype || !(k_cache.quant == v_cache.quant))
+    fail(who, "kv_write: k {} v {} slots {} caches {} {}", shape_str(k.shape), shape_str(v.shape), n,
+         shape_str(k_cache.data.shape), shape_str(v_cache.data.shape));
+  if (kv_tensor(who, "kv_write", k_cache, width, k.dtype) != kv_tensor(who, "kv_write", v_cache, width, k.dtype))
+    fail(who, "kv_write: K and V caches of different rows");
+}
+
+void attention(const char* who, const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache,
                const Tensor& block_tables, const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p,
                const Tensor& out) {
   if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.head_dim <= 0 || p.n_heads % p.n_kv_heads != 0 ||
@@ -82,9 +110,12 @@ void attention(const char* who, const Tensor& q, const Tensor& k_cache, const Te
   if (token_pos.numel() != n || q.numel() != n * q_width || out.numel() != n * q_width)
     fail(who, "attention: q {} out {} for {} tokens of {} heads x {}", shape_str(q.shape), shape_str(out.shape), n,
          p.n_heads, p.head_dim);
-  if (k_cache.numel() != v_cache.numel() || k_cache.numel() % (int64_t{p.block_size} * kv_width) != 0)
-    fail(who, "attention: caches {} / {} are not [n_blocks, {}, {}]", shape_str(k_cache.shape),
-         shape_str(v_cache.shape), p.block_size, kv_width);
+  const DType float_dtype = k_cache.data.dtype;  // a float cache's dtype is the backend's to check
+  const int64_t rows = kv_tensor(who, "attention", k_cache, kv_width, float_dtype);
+  if (!(k_cache.quant == v_cache.quant) || kv_tensor(who, "attention", v_cache, kv_width, float_dtype) != rows ||
+      rows % p.block_size != 0 || (k_cache.quantized() && p.head_dim % k_cache.quant.group_size != 0))
+    fail(who, "attention: caches {} / {} are not [n_blocks, {}, {}] of one layout", shape_str(k_cache.data.shape),
+         shape_str(v_cache.data.shape), p.block_size, kv_width);
   if (block_tables.numel() % p.max_blocks != 0)
     fail(who, "attention: block_tables of {} entries is not n_seqs x {}", block_tables.numel(), p.max_blocks);
 }

@@ -36,10 +36,18 @@ void embedding_out(const char* who, const Tensor& out, int64_t n, int64_t dim);
 void rms_norm(const char* who, const Tensor& x, const Tensor& w, const Tensor& y);
 // rope: x [n_tokens, n_heads, head_dim], a position per token, the rotary dim within head_dim.
 void rope(const char* who, const Tensor& x, const Tensor& pos, const Tensor& inv_freq);
-void kv_write(const char* who, const Tensor& k, const Tensor& v, const Tensor& slots, const Tensor& k_cache,
-              const Tensor& v_cache);
+// A KV cache tensor (KvTensor, backend.h) of rows of `width` values: float rows of `float_dtype`, or
+// quantized planes of matching shapes and dtypes (u32 codes, f16 scales/biases, the same rows).
+// Returns its rows (n_blocks * block_size).
+int64_t kv_tensor(const char* who, const char* op, const KvTensor& t, int64_t width, DType float_dtype);
+// A backend path that covers float caches only: the cache's rows, or [who] naming the op when it
+// is quantized.
+const Tensor& float_kv(const char* who, const char* op, const KvTensor& t);
+// kv_write: k, v [n, width] of one dtype; both caches of the same layout with rows of width.
+void kv_write(const char* who, const Tensor& k, const Tensor& v, const Tensor& slots, const KvTensor& k_cache,
+              const KvTensor& v_cache);
 // attention: params of whole GQA groups, q / out / caches / block tables of the sizes they imply.
-void attention(const char* who, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+void attention(const char* who, const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache,
                const Tensor& block_tables, const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p,
                const Tensor& out);
 // Elementwise ops of one size and dtype: gated_act (gate, up, out), add (a, b, y).

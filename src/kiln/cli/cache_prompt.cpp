@@ -22,12 +22,13 @@ struct CachePromptArgs {
   ModelArgs model;
   std::string prompt, file;
   ChatArgs chat;
+  int quantized_kv_start = 0;
 };
 
 void run_cache_prompt(const CachePromptArgs& a) {
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  auto m = a.model.load();
+  std::unique_ptr<engine::LoadedModel> m = a.model.load();
   chat::Renderer render = a.chat.load(m->path, m->tokenizer.get());
   OrderedJson messages = render.chat_template() ? a.chat.start() : OrderedJson::array();
   messages.push_back({{"role", "user"}, {"content", prompt}});
@@ -35,6 +36,15 @@ void run_cache_prompt(const CachePromptArgs& a) {
       render.render(messages, OrderedJson{{"add_generation_prompt", false}, {"continue_final_message", true}});
   const std::vector<int32_t> ids = m->tokenizer->encode(text.text, text.add_special_tokens);
   if (ids.empty()) fail("cache-prompt", "the prompt is empty; give --prompt TEXT (or - for stdin)");
+  // mlx-lm quantizes its cache once it passes --quantized-kv-start tokens; a cache file is one or the
+  // other, so here the whole cache is quantized when the prompt reaches it, else it stays float.
+  if (a.model.kv_bits != 0 && static_cast<int64_t>(ids.size()) < a.quantized_kv_start) {
+    std::fprintf(stderr, "The prompt has %zu tokens, fewer than --quantized-kv-start %d: the cache stays float\n",
+                 ids.size(), a.quantized_kv_start);
+    ModelArgs float_args = a.model;
+    float_args.kv_bits = 0;
+    m = float_args.load();
+  }
 
   engine::EngineConfig ec;
   ec.scheduler.max_seqs = 1;
@@ -83,6 +93,10 @@ void add_cache_prompt(CLI::App& app) {
   cmd->add_option("-p,--prompt", a->prompt, "The prompt to cache; \"-\" reads it from stdin")->required();
   cmd->add_option("--prompt-cache-file", a->file, "The file to write (safetensors)")->required();
   a->chat.add_to(cmd);
+  cmd->add_option("--quantized-kv-start", a->quantized_kv_start,
+                  "With --kv-bits: quantize the cache only when the prompt has at least this many tokens (the whole "
+                  "cache, else none of it; mlx-lm's default is 5000)")
+      ->capture_default_str();
   cmd->add_flag("--ignore-chat-template", a->chat.ignore_chat_template, "Cache the raw prompt, without the chat template");
   cmd->callback([a] { run_cache_prompt(*a); });
 }

@@ -3,6 +3,8 @@
 
 #include <sys/resource.h>
 
+#include <cstdio>
+
 #include "kiln/cli/embedded.h"
 
 namespace kiln::cli {
@@ -19,6 +21,12 @@ void ModelArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--kv-cache-bytes", kv_cache_bytes,
                   "KV cache size in bytes for running sequences, overriding the fraction (default: what the "
                   "sequences' context needs, within the fraction)");
+  cmd->add_option("--kv-bits", kv_bits,
+                  "Quantize the KV cache to 8 or 4 bits (affine, per group along each head; default: float)")
+      ->check(CLI::IsMember({8, 4}));
+  cmd->add_option("--kv-group-size", kv_group_size,
+                  "Values per quantization group of the KV cache (narrowed to head_dim when wider)")
+      ->check(CLI::IsMember({32, 64, 128}))->capture_default_str();
 }
 
 void ModelArgs::add_max_kv_size_to(CLI::App* cmd) {
@@ -44,13 +52,18 @@ void ModelArgs::apply_to(engine::EngineConfig& ec) const {
 engine::LoadOptions ModelArgs::load_options() const {
   engine::LoadOptions opt;
   opt.device = device == "auto" ? (backend::cuda_device_available() ? "cuda" : "cpu") : device;
+  opt.kv_bits = kv_bits;
+  opt.kv_group_size = kv_group_size;
   return opt;
 }
 
 std::unique_ptr<engine::LoadedModel> ModelArgs::load() const {
   const engine::LoadOptions opt = load_options();
-  if (model.empty()) return engine::load_model_from_memory(embedded_model_files(), kEmbeddedName, opt);
-  return engine::load_model(model, opt);
+  std::unique_ptr<engine::LoadedModel> m = model.empty()
+                                               ? engine::load_model_from_memory(embedded_model_files(), kEmbeddedName, opt)
+                                               : engine::load_model(model, opt);
+  if (m->config.kv_quant.on()) std::fprintf(stderr, "%s\n", engine::describe_kv_cache(*m, kv_group_size).c_str());
+  return m;
 }
 
 size_t peak_rss_bytes() {

@@ -18,6 +18,8 @@ struct ModelArgs {
   double gpu_memory_utilization = 0.9;
   size_t kv_cache_bytes = 0;
   int max_kv_size = 0;  // the rotating KV cache (EngineConfig::max_kv_size); 0: off
+  // The KV cache's quantization (mlx-lm's flags): 0 = float, 8 or 4 bits, groups along head_dim.
+  int kv_bits = 0, kv_group_size = 64;
   void add_to(CLI::App* cmd);
   // --max-kv-size (generate, chat, cache-prompt).
   void add_max_kv_size_to(CLI::App* cmd);

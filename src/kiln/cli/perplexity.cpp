@@ -50,6 +50,7 @@ void run_perplexity(const PerplexityArgs& a) {
   if (!a.kl_reference.empty()) {
     ModelArgs ra = a.model;
     ra.model = a.kl_reference;
+    ra.kv_bits = 0;  // the reference keeps a float KV cache: KL of --kv-bits against the same model
     std::printf("Loading KL reference from %s...\n", a.kl_reference.c_str());
     ref = ra.load();
   }
@@ -116,7 +117,8 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("--batch-size", a->batch_size, "Samples per forward")->default_val(8)->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "Seed of the document order")->default_val(123);
   cmd->add_option("--kl-reference", a->kl_reference,
-                  "Reference model (e.g. the float original): also report KL(reference || model)");
+                  "Reference model (e.g. the float original): also report KL(reference || model); it runs with a float "
+                  "KV cache, so --kv-bits with the same model as reference measures the quantized cache");
   cmd->callback([a] { run_perplexity(*a); });
 }
 

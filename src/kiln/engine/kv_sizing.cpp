@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kiln/backend/kv_quant.h"
 #include "kiln/base/json.h"
 
 namespace kiln::engine {
@@ -81,8 +82,9 @@ int rows_that_fit(KvPoolRequest r, int blocks_per_row, int wanted_rows) {
 }
 
 size_t kv_bytes_per_block(const model::ModelConfig& c, int block_size, size_t elem_bytes) {
-  return 2ull * static_cast<size_t>(c.n_layers) * static_cast<size_t>(block_size) * static_cast<size_t>(c.n_kv_heads) *
-         static_cast<size_t>(c.head_dim) * elem_bytes;
+  const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  return 2ull * static_cast<size_t>(c.n_layers) * static_cast<size_t>(block_size) *
+         backend::kv_row_bytes(c.kv_quant, width, elem_bytes);
 }
 
 size_t kv_bytes_per_block(const model::Model& m, int block_size) {

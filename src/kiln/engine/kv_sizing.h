@@ -40,7 +40,8 @@ KvPoolPlan plan_kv_pool(const KvPoolRequest& r);
 // wanted_rows, and at least 1 or it fails naming the flags to raise.
 int rows_that_fit(KvPoolRequest r, int blocks_per_row, int wanted_rows);
 
-// Bytes of one KV block: 2 (K and V) x n_layers x block_size x n_kv_heads x head_dim x elem_bytes.
+// Bytes of one KV block: 2 (K and V) x n_layers x block_size x the bytes of one row of n_kv_heads x
+// head_dim values: x elem_bytes for a float cache, codes + f16 scales/biases under c.kv_quant.
 size_t kv_bytes_per_block(const model::ModelConfig& c, int block_size, size_t elem_bytes);
 // The same for a loaded model: its cache holds K/V in its backend's activation dtype.
 size_t kv_bytes_per_block(const model::Model& m, int block_size);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "kiln/backend/kv_quant.h"
 #include "kiln/base/mapped_file.h"
 #include "kiln/io/model_path.h"
 #include "kiln/kvstore/identity.h"
@@ -44,10 +45,36 @@ static void upload_weights(LoadedModel& m) {
   }
 }
 
+backend::KvQuant kv_quant_for(const model::ModelConfig& c, const LoadOptions& opt) {
+  if (opt.kv_bits == 0) return {};
+  if (opt.kv_bits != 4 && opt.kv_bits != 8) fail("engine", "--kv-bits {}: use 8 or 4", opt.kv_bits);
+  if (opt.kv_group_size != 32 && opt.kv_group_size != 64 && opt.kv_group_size != 128)
+    fail("engine", "--kv-group-size {}: use 32, 64 or 128", opt.kv_group_size);
+  return backend::resolve_kv_quant(opt.kv_bits, opt.kv_group_size, c.head_dim);
+}
+
+std::string describe_kv_cache(const LoadedModel& m, int requested_group_size) {
+  const model::ModelConfig& c = m.model->config();
+  const backend::KvQuant& q = c.kv_quant;
+  const DType ft = m.backend->act_dtype();
+  const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const size_t per_token = 2 * static_cast<size_t>(c.n_layers) * backend::kv_row_bytes(q, width, dtype_size(ft)),
+               float_per_token = 2 * static_cast<size_t>(c.n_layers) * backend::kv_row_bytes({}, width, dtype_size(ft));
+  if (!q.on()) return fmt::format("KV cache: {}, {} bytes per token", dtype_name(ft), per_token);
+  std::string narrowed = q.group_size != requested_group_size
+                             ? fmt::format(" (--kv-group-size {} narrowed to head_dim {})", requested_group_size, c.head_dim)
+                             : std::string();
+  return fmt::format("KV cache: {}-bit, groups of {}{}: {} bytes per token ({:.1f}% of the {} cache's {})", q.bits,
+                     q.group_size, narrowed, per_token,
+                     100.0 * static_cast<double>(per_token) / static_cast<double>(float_per_token), dtype_name(ft),
+                     float_per_token);
+}
+
 static void finish_load(LoadedModel& m, const LoadOptions& opt) {
   m.fingerprint = kvstore::model_fingerprint(m.config, m.weights);
   m.tokenizer_fingerprint = kvstore::tokenizer_fingerprint(*m.tokenizer);
   m.backend = make_backend(opt);
+  m.config.kv_quant = kv_quant_for(m.config, opt);
   upload_weights(m);
   m.model = model::create_model(m.config, m.weights, *m.backend);
   if (m.tokenizer->vocab_size() > m.config.vocab_size)

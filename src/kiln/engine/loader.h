@@ -31,7 +31,17 @@ struct LoadedModel {
 
 struct LoadOptions {
   std::string device = "cpu";
+  // The KV cache's quantization (--kv-bits 8|4, 0 = float; --kv-group-size, mlx-lm's default 64).
+  // A group wider than the model's head_dim is narrowed to head_dim (with a note); it must divide it.
+  int kv_bits = 0, kv_group_size = 64;
 };
+
+// The KV cache of config c under opt (bits, the group resolved for c.head_dim); throws [engine] on
+// bits other than 0/4/8, a group size other than 32/64/128, or one that does not divide head_dim.
+backend::KvQuant kv_quant_for(const model::ModelConfig& c, const LoadOptions& opt);
+// The start-up line of a loaded model's KV cache: "KV cache: 8-bit, groups of 64: 73728 bytes per
+// token (53.1% of the bf16 cache's 131072)" (all layers, K and V), noting a group narrowed to head_dim.
+std::string describe_kv_cache(const LoadedModel& m, int requested_group_size);
 
 // `arg` is a local folder or a Hugging Face repo id in the local cache.
 std::unique_ptr<LoadedModel> load_model(const std::string& arg, const LoadOptions& opt = {});

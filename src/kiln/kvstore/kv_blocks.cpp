@@ -15,6 +15,7 @@ namespace kiln::kvstore {
 KvLayout KvLayout::of(const model::KvCache& cache) {
   KvLayout l;
   l.block_size = cache.block_size;
+  l.quant = cache.quant;
   for (const Tensor* t : cache.planes()) {
     PlaneLayout p;
     p.dtype = t->dtype;
@@ -31,6 +32,10 @@ uint64_t KvLayout::hash() const {
   XXH3_64bits_reset(st);
   auto put = [&](int64_t v) { XXH3_64bits_update(st, &v, sizeof v); };
   put(block_size);
+  if (quant.on()) {  // (a float layout hashes as it did before quantized caches)
+    put(-quant.bits);
+    put(quant.group_size);
+  }
   for (const PlaneLayout& p : planes) {
     put(static_cast<int64_t>(p.dtype));
     put(static_cast<int64_t>(p.block_shape.size()));
@@ -42,7 +47,8 @@ uint64_t KvLayout::hash() const {
 }
 
 std::string KvLayout::describe() const {
-  std::string s = fmt::format("{} planes", planes.size());
+  std::string s = quant.on() ? fmt::format("{}-bit KV, groups of {}, ", quant.bits, quant.group_size) : std::string();
+  s += fmt::format("{} planes", planes.size());
   // Planes repeat per layer: name each distinct (dtype, shape) once.
   std::vector<const PlaneLayout*> seen;
   for (const PlaneLayout& p : planes) {

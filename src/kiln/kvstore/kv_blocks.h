@@ -26,11 +26,13 @@ struct PlaneLayout {
 
 struct KvLayout {
   int block_size = 0;
+  backend::KvQuant quant;  // the cache's --kv-bits / group size (bits 0: float planes)
   std::vector<PlaneLayout> planes;
   size_t block_bytes = 0;  // one block over all planes
   static KvLayout of(const model::KvCache& cache);
   uint64_t hash() const;
-  // "64 planes, bf16 [16, 1024] ..., 2.00 MiB per block", for messages.
+  // "64 planes, bf16 [16, 1024] ..., 2.00 MiB per block" ("8-bit KV, groups of 64, 192 planes, u32 ..."
+  // when quantized), for messages.
   std::string describe() const;
   bool operator==(const KvLayout&) const = default;
 };

@@ -15,10 +15,13 @@ namespace {
 
 std::string hex16(uint64_t v) { return fmt::format("{:016x}", v); }
 
-// Tensor name of plane p: "{layer}.{index within the layer}".
+// Tensor name of plane p, mlx-lm's flattened cache-state keys: "{layer}.{i}" (i = 0 keys, 1 values)
+// for a float cache; "{layer}.{k}.{j}" for a quantized one (k = 0 keys, 1 values; j = 0 codes,
+// 1 scales, 2 biases), as tree_flatten names a QuantizedKVCache's state.
 std::string plane_name(const PromptCache& pc, size_t p) {
-  const size_t per_layer = pc.layout.planes.size() / pc.n_layers;
-  return fmt::format("{}.{}", p / per_layer, p % per_layer);
+  const size_t per_layer = pc.layout.planes.size() / pc.n_layers, i = p % per_layer;
+  if (pc.layout.quant.on()) return fmt::format("{}.{}.{}", p / per_layer, i / 3, i % 3);
+  return fmt::format("{}.{}", p / per_layer, i);
 }
 
 // The metadata the checksum covers, in a fixed order.
@@ -35,6 +38,8 @@ std::map<std::string, std::string> metadata_of(const PromptCache& pc) {
           {"n_layers", std::to_string(pc.n_layers)},
           {"n_cached_tokens", std::to_string(static_cast<int64_t>(pc.n_blocks) * pc.layout.block_size)},
           {"kv_layout", pc.layout.describe()},
+          {"kv_bits", std::to_string(pc.layout.quant.bits)},
+          {"kv_group_size", std::to_string(pc.layout.quant.group_size)},
           {"kv_layout_hash", hex16(pc.layout.hash())}};
   if (pc.max_kv_size > 0) meta["max_kv_size"] = std::to_string(pc.max_kv_size);  // (absent: files before it)
   return meta;
@@ -115,16 +120,24 @@ PromptCache load_prompt_cache(const std::string& path) {
     pc.layout.block_size = std::stoi(get("block_size"));
     pc.n_layers = std::stoi(get("n_layers"));
     if (auto it = meta.find("max_kv_size"); it != meta.end()) pc.max_kv_size = std::stoi(it->second);
+    if (meta.count("kv_bits"))  // absent: a file from before quantized caches, float
+      pc.layout.quant = {std::stoi(get("kv_bits")), std::stoi(get("kv_group_size"))};
   } catch (const std::exception& e) {
     fail("prompt-cache", "{}: damaged metadata ({})", path, e.what());
   }
   const int bs = pc.layout.block_size;
   if (bs <= 0 || pc.n_layers <= 0) fail("prompt-cache", "{}: damaged metadata (block_size, n_layers)", path);
-  // The planes in order: "{l}.{i}" for each layer l, i = 0, 1, ... while present.
+  if (pc.layout.quant.on() && ((pc.layout.quant.bits != 4 && pc.layout.quant.bits != 8) || pc.layout.quant.group_size <= 0))
+    fail("prompt-cache", "{}: damaged metadata (kv_bits {}, kv_group_size {})", path, pc.layout.quant.bits,
+         pc.layout.quant.group_size);
+  // The planes in order (plane_name): per layer l, "{l}.{i}" for i = 0, 1, ... while present, or
+  // "{l}.{k}.{j}" for k = 0, 1 and j = 0, 1, 2 when quantized.
   std::vector<Tensor> planes;
   for (int l = 0; l < pc.n_layers; ++l)
     for (int i = 0;; ++i) {
-      auto it = f.tensors().find(fmt::format("{}.{}", l, i));
+      const std::string name =
+          pc.layout.quant.on() ? (i < 6 ? fmt::format("{}.{}.{}", l, i / 3, i % 3) : "") : fmt::format("{}.{}", l, i);
+      auto it = f.tensors().find(name);
       if (it == f.tensors().end()) break;
       planes.push_back(it->second);
     }
@@ -189,6 +202,14 @@ void check_prompt_cache_model(const PromptCache& pc, const std::string& path, ui
 }
 
 void check_prompt_cache_layout(const PromptCache& pc, const std::string& path, const KvLayout& layout) {
+  auto kv = [](const backend::KvQuant& q) {
+    return q.on() ? fmt::format("quantized to {} bits in groups of {} (--kv-bits {} --kv-group-size {})", q.bits,
+                                q.group_size, q.bits, q.group_size)
+                  : std::string("in float (no --kv-bits)");
+  };
+  if (!(pc.layout.quant == layout.quant))
+    fail("prompt-cache", "{} holds K/V {}; this run's KV cache is {}. Use the same --kv-bits and --kv-group-size, or make "
+         "it again with `kiln cache-prompt`", path, kv(pc.layout.quant), kv(layout.quant));
   auto same_rows = [](const PlaneLayout& a, const PlaneLayout& b) {
     return a.dtype == b.dtype && a.block_shape.size() == b.block_shape.size() &&
            std::equal(a.block_shape.begin() + 1, a.block_shape.end(), b.block_shape.begin() + 1);

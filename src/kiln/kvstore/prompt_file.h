@@ -1,15 +1,17 @@
 // Prompt cache files (`kiln cache-prompt`, `--prompt-cache-file`): a prompt's token ids and the
-// K/V of its full blocks, in one safetensors file. Tensors "{layer}.{i}" (mlx-lm's flattened
-// cache-state keys: i = 0 keys, 1 values, then any further planes of the layout, e.g. quantized
-// scales and biases), each [n_cached_tokens, ...], one row per token, so that a cache of any block
-// size can take them. "__metadata__":
+// K/V of its full blocks, in one safetensors file. Tensors named as mlx-lm flattens a cache's state:
+// "{layer}.{i}" (i = 0 keys, 1 values) for a float cache, "{layer}.{k}.{j}" for a quantized one
+// (k = 0 keys, 1 values; j = 0 codes u32, 1 scales, 2 biases f16: QuantizedKVCache's triples),
+// each [n_cached_tokens, ...], one row per token, so that a cache of any block size can take them.
+// "__metadata__":
 //   format "kiln.prompt_cache", version, model (path, for messages), model_fingerprint and
 //   tokenizer_fingerprint (16 hex digits, identity.h), tokens (JSON array, the whole prompt),
 //   block_size (of the cache that made it), n_layers, n_cached_tokens (tokens with K/V: the full
 //   blocks; the few tokens of a last partial block are recomputed on load), kv_layout
 //   (KvLayout::describe), max_kv_size (only when made with a rotating cache, `--max-kv-size`: the
 //   K/V then cover at most the blocks before that many tokens, and a run continues from the file only
-//   with the same setting), and checksum (XXH3-64 of the tensor bytes and the metadata above).
+//   with the same setting), kv_bits and kv_group_size (0 0: float; absent in older files: float),
+//   and checksum (XXH3-64 of the tensor bytes and the metadata above).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/backend/backend.h"
 #include "kiln/base/json.h"
 #include "kiln/quant/quant_config.h"
 
@@ -58,6 +59,9 @@ struct ModelConfig {
   Json raw;                                         // the whole config.json, for family-specific keys
   // config.json's MLX `quantization` section (per-module bits/group size); nullopt for a float model.
   std::optional<quant::QuantConfig> quant;
+  // Not from config.json: the run's KV cache quantization (--kv-bits, --kv-group-size, resolved for
+  // head_dim by backend::resolve_kv_quant); bits 0 = float K/V. KvCache::allocate and the KV sizing read it.
+  backend::KvQuant kv_quant;
 
   // Reads DIR/config.json (required) and DIR/generation_config.json (optional).
   static ModelConfig load_dir(const std::string& dir);

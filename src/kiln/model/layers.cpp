@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "kiln/backend/kv_quant.h"
 #include "kiln/quant/affine.h"
 
 namespace kiln::model {
@@ -99,7 +100,8 @@ backend::AttnParams attn_params(const ModelConfig& c, const AttentionOptions& o,
 }
 
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,
-                     const Tensor& x, const StepInputs& in, Tensor& k_cache, Tensor& v_cache, int block_size, Tensor& out) {
+                     const Tensor& x, const StepInputs& in, const backend::KvTensor& k_cache,
+                     const backend::KvTensor& v_cache, int block_size, Tensor& out) {
   const int64_t n = in.n_tokens, hd = c.head_dim;
   const DType t = be.act_dtype();
   Tensor q = be.alloc(t, {n, c.n_heads * hd});      // [n, n_heads * head_dim]
@@ -222,10 +224,13 @@ KvCache KvCache::allocate(backend::Backend& be, const ModelConfig& c, int n_bloc
   KvCache kv;
   kv.n_blocks = n_blocks;
   kv.block_size = block_size;
+  kv.quant = c.kv_quant;
+  backend::check_kv_quant(kv.quant, c.head_dim);
+  const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  auto alloc = [&](DType t, Shape s) { return be.alloc(t, std::move(s)); };
   for (int l = 0; l < c.n_layers; ++l) {
-    Shape s{n_blocks, block_size, static_cast<int64_t>(c.n_kv_heads) * c.head_dim};
-    kv.k.push_back(be.alloc(be.act_dtype(), s));
-    kv.v.push_back(be.alloc(be.act_dtype(), s));
+    kv.k.push_back(backend::make_kv_tensor(alloc, kv.quant, n_blocks, block_size, width, be.act_dtype()));
+    kv.v.push_back(backend::make_kv_tensor(alloc, kv.quant, n_blocks, block_size, width, be.act_dtype()));
   }
   return kv;
 }
@@ -238,10 +243,14 @@ size_t KvCache::bytes() const {
 
 std::vector<const Tensor*> KvCache::planes() const {
   std::vector<const Tensor*> p;
-  for (size_t l = 0; l < k.size(); ++l) {
-    p.push_back(&k[l]);
-    p.push_back(&v[l]);
-  }
+  for (size_t l = 0; l < k.size(); ++l)
+    for (const backend::KvTensor* c : {&k[l], &v[l]}) {
+      p.push_back(&c->data);
+      if (c->quantized()) {
+        p.push_back(&c->scales);
+        p.push_back(&c->biases);
+      }
+    }
   return p;
 }
 

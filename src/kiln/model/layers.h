@@ -48,7 +48,8 @@ backend::AttnParams attn_params(const ModelConfig& c, const AttentionOptions& o,
 // out [n_tokens, dim] = o_proj(attention(rope(q), rope(k), v)) for layer `layer`; x is the normed input.
 // q/k/v come from one matmul_multi; rope and the KV write are one rope_kv_write (after the q/k norms).
 void attention_block(backend::Backend& be, const ModelConfig& c, const AttentionWeights& w, const AttentionOptions& o,
-                     const Tensor& x, const StepInputs& in, Tensor& k_cache, Tensor& v_cache, int block_size, Tensor& out);
+                     const Tensor& x, const StepInputs& in, const backend::KvTensor& k_cache,
+                     const backend::KvTensor& v_cache, int block_size, Tensor& out);
 
 // q/k/v/o at PREFIX (PREFIX.q_proj ... or phi3's fused PREFIX.qkv_proj, split into row views),
 // plus optional q_norm/k_norm; row counts checked against the config.

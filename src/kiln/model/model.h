@@ -42,10 +42,13 @@ struct StepInputs {
 // The rotating cache's kept first tokens (mlx-lm's RotatingKVCache keep=4).
 inline constexpr int kKvKeep = 4;
 
-// The paged KV cache storage: per layer K and V [n_blocks, block_size, n_kv_heads * head_dim].
+// The paged KV cache storage: per layer K and V (backend::KvTensor), float [n_blocks, block_size,
+// n_kv_heads * head_dim] in the backend's activation dtype, or affine-quantized per c.kv_quant
+// (codes u32, scales and biases f16, each [n_blocks, block_size, ...]).
 struct KvCache {
   int n_blocks = 0, block_size = 0;
-  std::vector<Tensor> k, v;  // [n_layers]
+  backend::KvQuant quant;
+  std::vector<backend::KvTensor> k, v;  // [n_layers]
   // The rotating cache (mlx-lm's --max-kv-size): > 0, a token at position p attends to positions
   // [0, kKvKeep) and [p - (max_kv_size - kKvKeep) + 1, p] (RoPE at absolute positions), so a
   // sequence needs only those blocks (the engine frees the others). 0: off.
@@ -60,8 +63,9 @@ struct KvCache {
   static KvCache allocate(backend::Backend& be, const ModelConfig& c, int n_blocks, int block_size);
   size_t bytes() const;
   // Every tensor that holds per-block state, each [n_blocks, ...] (block b is slice_rows(b, b + 1)),
-  // in a fixed order: layer by layer, K then V. Copying a block, saving it to a file or loading it
-  // back goes through this list, so a cache layout with more planes extends only this.
+  // in a fixed order: layer by layer, K then V; a quantized cache's K is three planes (codes, scales,
+  // biases; mlx-lm's QuantizedKVCache state order), then V's three. Copying a block, saving it to a
+  // file or loading it back goes through this list, so a cache layout with more planes extends only this.
   std::vector<Tensor*> planes();
   std::vector<const Tensor*> planes() const;
 };

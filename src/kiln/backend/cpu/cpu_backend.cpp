@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/backend/checks.h"
+#include "kiln/backend/kv_quant.h"
 
 namespace kiln::backend::cpu {
 
@@ -132,22 +133,38 @@ void CpuBackend::rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, floa
   }, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, n_heads * head_dim)));
 }
 
-void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
-  checks::each(require_f32, "kv_write", {{k, "k"}, {v, "v"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
+void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, const KvTensor& k_cache,
+                          const KvTensor& v_cache) {
+  checks::each(require_f32, "kv_write", {{k, "k"}, {v, "v"}});
   require_i32(slots, "kv_write", "slots");
   checks::kv_write("cpu", k, v, slots, k_cache, v_cache);
   const int64_t n = slots.numel(), width = k.cols();
-  const int64_t n_slots = k_cache.numel() / std::max<int64_t>(1, width);
+  const int64_t n_slots = k_cache.n_rows();
   for (int64_t t = 0; t < n; ++t) {
     const int64_t s = slots.ptr<int32_t>()[t];
-    if (s < 0) continue;  // a padding token: nothing to cache
     if (s >= n_slots) fail("cpu", "kv_write: slot {} outside a cache of {} rows", s, n_slots);
-    std::memcpy(k_cache.ptr<float>() + s * width, k.ptr<float>() + t * width, width * sizeof(float));
-    std::memcpy(v_cache.ptr<float>() + s * width, v.ptr<float>() + t * width, width * sizeof(float));
   }
+  const KvQuant& q = k_cache.quant;
+  // Quantizing is per row: prefill rows spread over the pool.
+  pool_.parallel_for(n, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t s = slots.ptr<int32_t>()[t];
+      if (s < 0) continue;  // a padding token: nothing to cache
+      for (const auto& [src, c] : {std::pair{&k, &k_cache}, std::pair{&v, &v_cache}}) {
+        const float* x = src->ptr<float>() + t * width;
+        if (!q.on()) {
+          std::memcpy(c->data.ptr<float>() + s * width, x, width * sizeof(float));
+          continue;
+        }
+        const int64_t words = width * q.bits / 32, groups = width / q.group_size;
+        quantize_kv_row(x, width, q, c->data.ptr<uint32_t>() + s * words, c->scales.ptr<uint16_t>() + s * groups,
+                        c->biases.ptr<uint16_t>() + s * groups);
+      }
+    }
+  }, q.on() ? 4 : n);
 }
 
-void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+void CpuBackend::attention(const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache, const Tensor& block_tables,
                            const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) {
   cpu::attention(k_, pool_, q, k_cache, v_cache, block_tables, token_seq, token_pos, p, out);
 }

@@ -18,7 +18,7 @@ void matmul(const Kernels& k, ThreadPool& pool, const Tensor& x, const Weight& w
 QMatrix qmatrix_of(const Weight& w);
 
 // Paged attention with the semantics of Backend::attention (backend.h).
-void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+void attention(const Kernels& k, ThreadPool& pool, const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache,
                const Tensor& block_tables, const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p,
                Tensor& out);
 
@@ -43,8 +43,9 @@ class CpuBackend final : public Backend {
   void matmul(const Tensor& x, const Weight& w, Tensor& y) override;
   void rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus_w, Tensor& y) override;
   void rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) override;
-  void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+  void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, const KvTensor& k_cache,
+                const KvTensor& v_cache) override;
+  void attention(const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache, const Tensor& block_tables,
                  const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) override;
   void gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& y) override;

@@ -53,8 +53,9 @@ class CudaBackend final : public Backend {
   void matmul(const Tensor& x, const Weight& w, Tensor& y) override;
   void rms_norm(const Tensor& x, const Tensor& w, float eps, bool one_plus_w, Tensor& y) override;
   void rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, float attn_factor) override;
-  void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+  void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, const KvTensor& k_cache,
+                const KvTensor& v_cache) override;
+  void attention(const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache, const Tensor& block_tables,
                  const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) override;
   void gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& y) override;
@@ -69,7 +70,8 @@ class CudaBackend final : public Backend {
   // cases (several tokens, quantized or non-bf16 weights) run Backend's loop of matmul.
   void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, bool one_plus_w, Tensor& y) override;
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
-                     float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
+                     float attn_factor, const Tensor& slots, const KvTensor& k_cache,
+                     const KvTensor& v_cache) override;
   void matmul_multi(const Tensor& x, std::span<const Weight* const> w, std::span<Tensor* const> y) override;
   // One token through every layer in one persistent launch (cuda_qops.cpp, qdecoder.cu) when all
   // seven matrices of every layer are 4-bit of one group size and the shapes fit the kernel

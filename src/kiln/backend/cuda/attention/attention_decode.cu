@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "kiln/backend/cuda/attention/kv_read.cuh"
 #include "kiln/backend/cuda/quant/qx.cuh"
 
 namespace kiln::backend::cuda {
@@ -464,7 +465,185 @@ __global__ void __launch_bounds__(LAT ? 256 : kDecodeThreads, LAT || HD > 128 ? 
   finish_decode_block<G, HD>(a, n_splits, partials, counters, qx, t, h0, ng, y_s);
 }
 
-// ---- decode, generic (any head_dim <= 256, e.g. the tiny test models' 8/16/32): a warp per key.
+// ---- decode over a quantized cache (head_dim 64/128, GQA groups <= 8; kv_read.cuh's layout):
+// grid (token, kv head, split), 4 warps, the tiled kernel's scheme without its latency form, qx or
+// arrival counters (splits merge in attn_combine_kernel). Warp w takes the 32-key tiles w, w+4, ...:
+//   scores: lane i scores key i from its whole row of codes (16-byte loads: HD * QB / 128 of them),
+//           per 32-dim chunk c: scale_c * Σ_d q_d code_d + bias_c * Σ_d q_d (the chunk's q sum,
+//           qsum_s), so a code costs one FMA per head; q [G][HD] f32 in shared memory (broadcast);
+//   softmax: per head one warp max per tile (log2 units), running (m, l, acc) per warp;
+//   P·V:     all lanes take the same key, lane owns dims [lane*DPL, +DPL) (DPL * QB / 8 bytes of codes
+//           and its group's scale and bias per key), 8 keys' loads in flight, p from shared memory.
+// Groups of a quantized cache are >= 32 values (a multiple of 32) here, so a 32-dim chunk and a
+// lane's DPL dims lie in one group.
+template <int NB> struct CodeWord;  // NB bytes of codes as one load
+template <> struct CodeWord<1> { using T = uint8_t; };
+template <> struct CodeWord<2> { using T = uint16_t; };
+template <> struct CodeWord<4> { using T = uint32_t; };
+
+template <int HD, int G, int QB>
+__global__ void __launch_bounds__(kDecodeThreads) attn_decode_q_kernel(AttnArgs a, int n_splits, int kps, float* partials) {
+  KILN_STAMP_SCOPE(kStampAttnDecode);
+  constexpr int W = kDecodeWarps, DPL = HD / 32, NC = HD / 32;  // NC: 32-dim chunks per row
+  constexpr int KU = HD * QB / 128;                              // 16-byte code loads per K row
+  constexpr int VB = DPL * QB / 8;                               // code bytes of a lane's V dims
+  constexpr int U = 8;                                           // V rows in flight per warp
+  using VW = typename CodeWord<VB>::T;
+  __shared__ __align__(16) float q_s[G * HD];  // q * scale; rows >= ng zero
+  __shared__ float qsum_s[G * NC];
+  __shared__ __align__(16) float p_s[W * G * kTile];
+  __shared__ float acc_s[W * G * HD], m_s[W * G], l_s[W * G];
+
+  const DecodeBlock b = decode_block(a, kps);
+  if (b.ng <= 0) return;
+  const int t = b.t, kvh = b.kvh, h0 = b.h0, ng = b.ng;
+  const SplitRange& r = b.r;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (r.nk == 0) {
+    empty_split(a, partials, n_splits, t, h0, ng);
+    return;
+  }
+  const int64_t q_width = int64_t{a.n_heads} * HD, kv_width = int64_t{a.n_kv_heads} * HD, head_off = int64_t{kvh} * HD;
+  const int gs = a.kv_group;
+  const uint8_t* kc = static_cast<const uint8_t*>(a.k_cache);
+  const uint8_t* vc = static_cast<const uint8_t*>(a.v_cache);
+  const __half *ks = static_cast<const __half*>(a.k_scales), *kb = static_cast<const __half*>(a.k_biases);
+  const __half *vs = static_cast<const __half*>(a.v_scales), *vb = static_cast<const __half*>(a.v_biases);
+
+  const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(a.q) + int64_t{t} * q_width + int64_t{h0} * HD;
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_s[i] = i < ng * HD ? __bfloat162float(q[i]) * a.scale : 0.0f;
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * NC; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int d = 0; d < 32; ++d) sum += q_s[(i / NC) * HD + (i % NC) * 32 + d];
+    qsum_s[i] = sum;
+  }
+  __syncthreads();
+
+  float m[G], l[G], acc[G][DPL];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
+  }
+  float* p_w = p_s + warp * G * kTile;
+  for (int tile = warp; tile * kTile < r.nk; tile += W) {
+    const int n_in = min(kTile, r.nk - tile * kTile);
+    const bool valid = lane < n_in;
+    const int32_t slot = key_slot(a, r, tile * kTile + lane);
+    const int64_t e0 = int64_t{slot} * kv_width + head_off;  // this lane's key's first element
+
+    // Scores of this lane's key.
+    uint4 kw[KU];
+    const uint4* krow = reinterpret_cast<const uint4*>(kc + e0 * QB / 8);
+#pragma unroll
+    for (int i = 0; i < KU; ++i) kw[i] = valid ? __ldg(krow + i) : make_uint4(0u, 0u, 0u, 0u);
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int64_t gi = (e0 + c * 32) / gs;
+      const float sc = valid ? __half2float(ks[gi]) : 0.0f, bi = valid ? __half2float(kb[gi]) : 0.0f;
+      float code[32];  // the chunk's codes: 8-bit: kw[2c], kw[2c + 1]; 4-bit: kw[c]
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(&kw[QB == 8 ? 2 * c : c]);
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        code[j] = QB == 8 ? static_cast<float>((w[j / 4] >> (8 * (j % 4))) & 255u)
+                          : static_cast<float>((w[j / 8] >> (4 * (j % 8))) & 15u);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float4* q4 = reinterpret_cast<const float4*>(q_s + g * HD + c * 32);
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float4 qv = q4[j];
+          dot = fmaf(code[4 * j], qv.x, fmaf(code[4 * j + 1], qv.y, fmaf(code[4 * j + 2], qv.z, fmaf(code[4 * j + 3], qv.w, dot))));
+        }
+        s[g] = fmaf(sc, dot, fmaf(bi, qsum_s[g * NC + c], s[g]));
+      }
+    }
+
+    // Online softmax over the tile in log2 units (invalid keys -inf; lane 0's key is valid).
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float s2 = valid ? cap_score(s[g], a.softcap) * kLog2e : -INFINITY;
+      const float m_new = fmaxf(m[g], warp_max(s2));
+      const float alpha = exp2f(m[g] - m_new);
+      const float p = exp2f(s2 - m_new);
+      m[g] = m_new;
+      l[g] = fmaf(l[g], alpha, p);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[g][i] *= alpha;
+      p_w[g * kTile + lane] = p;
+    }
+    __syncwarp();
+
+    // acc[g][lane dims] += Σ_k p[g][k] V[k][lane dims], U keys' code loads in flight.
+    for (int k0 = 0; k0 < n_in; k0 += U) {
+      VW cw[U];
+      float vsc[U], vbi[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int32_t sl = __shfl_sync(0xffffffffu, slot, (k0 + u) & 31);
+        const int64_t e = int64_t{sl} * kv_width + head_off + lane * DPL;
+        const bool in = k0 + u < n_in;
+        cw[u] = in ? *reinterpret_cast<const VW*>(vc + e * QB / 8) : VW{};
+        vsc[u] = in ? __half2float(vs[e / gs]) : 0.0f;
+        vbi[u] = in ? __half2float(vb[e / gs]) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float v[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; ++i)
+          v[i] = fmaf(static_cast<float>((static_cast<uint32_t>(cw[u]) >> (QB * i)) & ((1u << QB) - 1u)), vsc[u], vbi[u]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float p = k0 + u < n_in ? p_w[g * kTile + k0 + u] : 0.0f;
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) acc[g][i] = fmaf(p, v[i], acc[g][i]);
+        }
+      }
+    }
+    __syncwarp();  // p_w is rewritten by the next tile
+  }
+
+  // Merge the warps: M = max_w m_w, L = Σ_w l_w 2^(m_w - M), o[d] = Σ_w acc_w[d] 2^(m_w - M).
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    l[g] = warp_sum(l[g]);
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc_s[(warp * G + g) * HD + lane * DPL + i] = acc[g][i];
+    if (lane == 0) m_s[warp * G + g] = m[g], l_s[warp * G + g] = l[g];
+  }
+  __syncthreads();
+  for (int item = threadIdx.x; item < ng * HD; item += blockDim.x) {
+    const int g = item / HD, d = item % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < W; ++w) M = fmaxf(M, m_s[w * G + g]);  // finite: warp 0 scored a key
+    float L = 0.0f, o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const float wt = m_s[w * G + g] == -INFINITY ? 0.0f : exp2f(m_s[w * G + g] - M);
+      L = fmaf(l_s[w * G + g], wt, L);
+      o = fmaf(acc_s[(w * G + g) * HD + d], wt, o);
+    }
+    const int h = h0 + g;
+    if (n_splits == 1) {
+      static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h} * HD + d] = __float2bfloat16_rn(o / L);
+    } else {
+      float* pp = partial_of(a, partials, n_splits, t, h, blockIdx.z);
+      if (d == 0) pp[0] = M * kLn2, pp[1] = L;
+      pp[2 + d] = o;
+    }
+  }
+}
+
+// ---- decode, generic (any head_dim <= 256, e.g. the tiny test models' 8/16/32; and every quantized
+// cache, its values read through kv_value): a warp per key.
 // Dynamic shared memory: q_s [group][hd] f32, p_s [group][kps] f32, row_s [kps] int64.
 __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a, int n_splits, int kps, float* partials) {
   KILN_STAMP_SCOPE(kStampAttnDecode);
@@ -493,13 +672,12 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
   __syncthreads();
 
   // Scores: a warp per key, lanes over head_dim; K row kept in registers for all heads of the group.
-  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache);
   for (int i = warp; i < nk; i += n_warps) {
     float kv[kMaxHeadDim / 32];
 #pragma unroll
     for (int c = 0; c < kMaxHeadDim / 32; ++c) {
       const int d = lane + 32 * c;
-      kv[c] = d < hd ? __bfloat162float(kc[row_s[i] + d]) : 0.0f;
+      kv[c] = d < hd ? kv_value(a.k_cache, a.k_scales, a.k_biases, a.kv_bits, a.kv_group, row_s[i] + d) : 0.0f;
     }
     for (int g = 0; g < group; ++g) {
       float dot = 0.0f;
@@ -532,7 +710,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
   __syncthreads();
 
   // acc[g][d] = sum_i p[g][i] * V[i][d]; threads over (g, d), V rows read coalesced along d.
-  const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache);
+  const auto vval = [&](int64_t e) { return kv_value(a.v_cache, a.v_scales, a.v_biases, a.kv_bits, a.kv_group, e); };
   for (int item = threadIdx.x; item < group * hd; item += blockDim.x) {
     const int g = item / hd, d = item % hd;
     // 8 independent V loads in flight per thread before they are used (a serial chain of L2
@@ -542,11 +720,11 @@ __global__ void __launch_bounds__(kDecodeThreads) attn_decode_kernel(AttnArgs a,
     for (; i + 8 <= nk; i += 8) {
       float v[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = __bfloat162float(vc[row_s[i + u] + d]);
+      for (int u = 0; u < 8; ++u) v[u] = vval(row_s[i + u] + d);
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc = fmaf(p_s[g * kps + i + u], v[u], acc);
     }
-    for (; i < nk; ++i) acc = fmaf(p_s[g * kps + i], __bfloat162float(vc[row_s[i] + d]), acc);
+    for (; i < nk; ++i) acc = fmaf(p_s[g * kps + i], vval(row_s[i] + d), acc);
     const int h = kvh * group + g;
     if (n_splits == 1) {
       static_cast<__nv_bfloat16*>(a.out)[int64_t{t} * q_width + int64_t{h} * hd + d] = __float2bfloat16_rn(acc / l_s[g]);
@@ -620,9 +798,16 @@ bool attention_decode_qx_ok(const AttnArgs& a, int chunks, int group_size) {
          a.head_dim % group_size == 0;
 }
 
+bool attention_decode_quantized(const AttnArgs& a) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.kv_bits != 0 && (a.head_dim == 64 || a.head_dim == 128) && a.n_heads / a.n_kv_heads <= kTiledMaxGroup &&
+         a.kv_group % 32 == 0 && aligned(a.k_cache);
+}
+
 bool attention_decode_tiled(const AttnArgs& a) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && aligned(a.k_cache) && aligned(a.v_cache);
+  return a.kv_bits == 0 && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && aligned(a.k_cache) &&
+         aligned(a.v_cache);
 }
 
 namespace {
@@ -716,7 +901,18 @@ void launch_attention_decode(const AttnArgs& a, const AttnDecodePlan& plan, floa
                  kMaxHeadDim);
     std::abort();
   }
-  if (attention_decode_tiled(a)) {
+  if (attention_decode_quantized(a)) {
+    const dim3 grid(a.n_tokens, a.n_kv_heads, n_splits);
+    const auto go = [&]<int HD, int QB>() {
+      if (group <= 1) attn_decode_q_kernel<HD, 1, QB><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+      else if (group <= 2) attn_decode_q_kernel<HD, 2, QB><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+      else if (group <= 4) attn_decode_q_kernel<HD, 4, QB><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+      else attn_decode_q_kernel<HD, 8, QB><<<grid, kDecodeThreads, 0, s>>>(a, n_splits, kps, partials);
+    };
+    if (a.head_dim == 64) a.kv_bits == 8 ? go.template operator()<64, 8>() : go.template operator()<64, 4>();
+    else a.kv_bits == 8 ? go.template operator()<128, 8>() : go.template operator()<128, 4>();
+    KILN_CUDA_LAUNCH_CHECK("attention_decode (quantized)");
+  } else if (attention_decode_tiled(a)) {
     switch (a.head_dim) {
       case 64: launch_decode_tiled<64>(a, plan, partials, counters, qx, s); break;
       case 128: launch_decode_tiled<128>(a, plan, partials, counters, qx, s); break;

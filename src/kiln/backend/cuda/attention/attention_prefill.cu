@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 
+#include "kiln/backend/cuda/attention/kv_read.cuh"
 #include "kiln/backend/cuda/core/common.cuh"
 
 namespace kiln::backend::cuda {
@@ -91,8 +92,10 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                : "memory");
 }
 
-// CAP: softcap > 0 (a template flag keeps tanh out of the common kernel's registers).
-template <int HD, bool CAP>
+// CAP: softcap > 0 (a template flag keeps tanh out of the common kernel's registers). QB: 0 for bf16
+// caches (tiles by cp.async); 8 or 4 for quantized ones: each 8-value chunk of a tile is loaded as
+// codes, dequantized (kv_dequant8) and stored to shared memory as bf16, the tile the MMAs read.
+template <int HD, bool CAP, int QB>
 __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int lgh) {
   using C = PrefillCfg<HD>;
   constexpr int BK = C::BK, S = C::S, CH = HD / 8;  // CH: 16-byte chunks per row
@@ -220,8 +223,21 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int
         int64_t off = 0;
         if (ok) off = (int64_t{table[j / a.block_size]} * a.block_size + j % a.block_size) * kv_width + kvh * HD + c * 8;
         const uint32_t d = 2 * (st * C::kKV + key * S + c * 8);
-        cp_async16(k_base + d, kc + off, ok);
-        cp_async16(v_base + d, vc + off, ok);
+        if constexpr (QB == 0) {
+          cp_async16(k_base + d, kc + off, ok);
+          cp_async16(v_base + d, vc + off, ok);
+        } else {
+          uint4 kw = make_uint4(0u, 0u, 0u, 0u), vw = kw;  // keys past the range: zero rows
+          if (ok) {
+            float f[8];
+            kv_dequant8<QB>(a.k_cache, a.k_scales, a.k_biases, a.kv_group, off, f);
+            kw = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
+            kv_dequant8<QB>(a.v_cache, a.v_scales, a.v_biases, a.kv_group, off, f);
+            vw = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
+          }
+          *reinterpret_cast<uint4*>(Ks + st * C::kKV + key * S + c * 8) = kw;
+          *reinterpret_cast<uint4*>(Vs + st * C::kKV + key * S + c * 8) = vw;
+        }
       }
       cp_async_commit();
     };
@@ -360,26 +376,36 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnArgs a, int
 }  // namespace
 
 bool attention_prefill_supported(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+// (a quantized cache's groups are >= 8 values and divide head_dim, so 8-value chunks never straddle two)
 
 namespace {
 
-template <int HD, bool CAP>
+template <int HD, bool CAP, int QB>
 void launch_prefill(const AttnArgs& a, int lgh, cudaStream_t s) {
   constexpr size_t bytes = PrefillCfg<HD>::kBytes;  // > 48 KB at head_dim 64/128: opt in, once
   static const bool raised = [] {
-    cudaFuncSetAttribute(attn_prefill_kernel<HD, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    cudaFuncSetAttribute(attn_prefill_kernel<HD, CAP, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     return true;
   }();
   (void)raised;
   const int group = a.n_heads / a.n_kv_heads, tb = kPRows >> lgh;
   const dim3 grid(a.n_kv_heads * (group >> lgh), (a.n_tokens + tb - 1) / tb);
-  attn_prefill_kernel<HD, CAP><<<grid, kPThreads, bytes, s>>>(a, lgh);
+  attn_prefill_kernel<HD, CAP, QB><<<grid, kPThreads, bytes, s>>>(a, lgh);
+}
+
+template <int HD, int QB>
+void launch_prefill(const AttnArgs& a, int lgh, cudaStream_t s) {
+  if (a.softcap > 0.0f) launch_prefill<HD, true, QB>(a, lgh, s);
+  else launch_prefill<HD, false, QB>(a, lgh, s);
 }
 
 template <int HD>
 void launch_prefill(const AttnArgs& a, int lgh, cudaStream_t s) {
-  if (a.softcap > 0.0f) launch_prefill<HD, true>(a, lgh, s);
-  else launch_prefill<HD, false>(a, lgh, s);
+  switch (a.kv_bits) {
+    case 8: launch_prefill<HD, 8>(a, lgh, s); break;
+    case 4: launch_prefill<HD, 4>(a, lgh, s); break;
+    default: launch_prefill<HD, 0>(a, lgh, s); break;
+  }
 }
 
 }  // namespace

@@ -55,6 +55,19 @@ void launch_rms_norm(const void* x, Dt xt, const void* w, Dt wt, float eps, bool
 // In-place rotate_half RoPE of x [n, heads, head_dim] over the first 2*half dims.
 void launch_rope(void* x, Dt xt, int64_t n, int64_t heads, int64_t head_dim, const int32_t* pos, const float* inv_freq,
                  int64_t half, float attn_factor, cudaStream_t s);
+// A quantized KV cache's planes on the device (KvTensor, backend.h): codes (8-bit: a byte per
+// value; 4-bit: two, the lower nibble first) and f16 scales/biases, one per group of `group` values.
+struct KvQuantPlanes {
+  void* codes;
+  void* scales;
+  void* biases;
+};
+// The rows of k, v [n, width] (dtype kt) quantized into the caches at slots[t] in [0, n_slots)
+// (negative: skipped) with kv_quant_rule.h's rule, as the CPU's quantize_kv_row: per group its
+// min/max, scale and bias rounded to f16, codes against those. width % group == 0.
+void launch_kv_write_quant(const void* k, const void* v, Dt kt, int64_t n, int64_t width, const int32_t* slots,
+                           int64_t n_slots, const KvQuantPlanes& kc, const KvQuantPlanes& vc, int bits, int group,
+                           cudaStream_t s);
 // caches[slots[t], :] = k[t, :] / v[t, :] for slots[t] in [0, n_slots) (negative: skipped).
 void launch_kv_write(const void* k, const void* v, Dt kt, int64_t n, int64_t width, const int32_t* slots,
                      int64_t n_slots, void* k_cache, void* v_cache, Dt ct, cudaStream_t s);
@@ -99,7 +112,11 @@ void launch_gemv_fast(const void* x, int64_t in, const void* w, int64_t out, con
                       cudaStream_t s);
 
 // Paged attention over a ragged batch (semantics of Backend::attention). q, out [n, n_heads *
-// head_dim] bf16; caches [n_blocks, block_size, n_kv_heads * head_dim] bf16.
+// head_dim] bf16; caches [n_blocks, block_size, n_kv_heads * head_dim] bf16, or quantized
+// (kv_bits 8/4: k_cache/v_cache the codes, k_q/v_q's scales and biases; kv_read.cuh reads them).
+// Quantized caches take their own decode kernel (attention_decode_quantized: lane-per-key codes;
+// else the generic kernel; attention_decode_tiled is false) and the prefill kernel with
+// dequantizing tile loads.
 struct AttnArgs {
   const void* q;
   const void* k_cache;
@@ -112,6 +129,8 @@ struct AttnArgs {
   float scale, softcap;
   int window, block_size, max_blocks;
   int sink;  // AttnParams::sink
+  int kv_bits = 0, kv_group = 0;  // 0: bf16 caches
+  const void *k_scales = nullptr, *k_biases = nullptr, *v_scales = nullptr, *v_biases = nullptr;
 };
 // Split-K decode kernel: one block per (token, kv head, split) scores its key range [lo + split *
 // keys_per_split, +keys_per_split) for all heads of the GQA group (the tiled kernel: for a chunk of
@@ -126,6 +145,9 @@ struct AttnArgs {
 constexpr int kAttnGenericMaxKeysPerSplit = 1024;
 constexpr int kAttnFusedMaxSplits = 64;
 bool attention_decode_tiled(const AttnArgs& a);
+// A quantized cache of head_dim 64/128, GQA group <= 8 and groups of 32+ values takes the
+// quantized tiled kernel (any keys_per_split); other quantized caches the generic kernel.
+bool attention_decode_quantized(const AttnArgs& a);
 bool attention_decode_qx_ok(const AttnArgs& a, int chunks, int group_size);
 int64_t attention_partials_floats(const AttnArgs& a, int n_splits);
 // The split-K plan of a decode launch, from host-known sizes only (a graph replays the same choice):

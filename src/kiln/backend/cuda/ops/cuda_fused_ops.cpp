@@ -59,10 +59,13 @@ FusedDecoder* CudaBackend::fused_decoder() {
 }
 
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& inv_freq,
-                                float attn_factor, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
-  if (!impl_->opt.fused) return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, k_cache, v_cache);
+                                float attn_factor, const Tensor& slots, const KvTensor& kc, const KvTensor& vc) {
+  // (a quantized cache: rope, then kv_write's quantizing kernel)
+  if (!impl_->opt.fused || kc.quantized())
+    return Backend::rope_kv_write(q, k, v, pos, inv_freq, attn_factor, slots, kc, vc);
   Impl& im = *impl_;
   const char* op = "rope_kv_write";
+  const Tensor &k_cache = kc.data, &v_cache = vc.data;
   checks::each(require_act, op, {{q, "q"}, {k, "k"}, {v, "v"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
   checks::each(require_i32, op, {{pos, "pos"}, {slots, "slots"}});
   if (inv_freq.dtype != DType::f32) fail("cuda", "rope_kv_write: inv_freq must be float32");

@@ -157,8 +157,24 @@ void CudaBackend::rope(Tensor& x, const Tensor& pos, const Tensor& inv_freq, flo
               im.stream);
 }
 
-void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, const KvTensor& kc,
+                           const KvTensor& vc) {
   Impl& im = *impl_;
+  if (kc.quantized()) {  // each row quantized once, here
+    checks::each(require_act, "kv_write", {{k, "k"}, {v, "v"}});
+    require_i32(slots, "kv_write", "slots");
+    checks::kv_write("cuda", k, v, slots, kc, vc);
+    for (const KvTensor* c : {&kc, &vc})
+      for (const Tensor* t : {&c->data, &c->scales, &c->biases}) require_device(*t, "kv_write", "quantized cache"), im.note(t->data);
+    if (im.skip()) return;
+    ProfScope ps(im, "kv_write (quantized)");
+    launch_kv_write_quant(k.data, v.data, dt_of(k, "kv_write", "k"), slots.numel(), k.cols(), slots.ptr<int32_t>(),
+                          kc.n_rows(), {kc.data.data, kc.scales.data, kc.biases.data},
+                          {vc.data.data, vc.scales.data, vc.biases.data}, kc.quant.bits, kc.quant.group_size,
+                          im.stream);
+    return;
+  }
+  const Tensor &k_cache = kc.data, &v_cache = vc.data;
   checks::each(require_act, "kv_write", {{k, "k"}, {v, "v"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
   require_i32(slots, "kv_write", "slots");
   checks::kv_write("cuda", k, v, slots, k_cache, v_cache);
@@ -170,16 +186,23 @@ void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const Tensor& slots
                   k_cache.data, v_cache.data, dt_of(k_cache, "kv_write", "k_cache"), im.stream);
 }
 
-void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+void CudaBackend::attention(const Tensor& q, const KvTensor& kc, const KvTensor& vc, const Tensor& block_tables,
                             const Tensor& token_seq, const Tensor& token_pos, const AttnParams& p, Tensor& out) {
   Impl& im = *impl_;
-  for (const Tensor* t : {&q, &k_cache, &v_cache, static_cast<const Tensor*>(&out)}) {
-    require_device(*t, "attention", "q/caches/out");
-    if (t->dtype != DType::bf16) fail("cuda", "attention: q, caches and out must be bfloat16, got {}", dtype_name(t->dtype));
+  const Tensor &k_cache = kc.data, &v_cache = vc.data;
+  for (const Tensor* t : {&q, static_cast<const Tensor*>(&out)}) {
+    require_device(*t, "attention", "q/out");
+    if (t->dtype != DType::bf16) fail("cuda", "attention: q and out must be bfloat16, got {}", dtype_name(t->dtype));
+  }
+  for (const KvTensor* c : {&kc, &vc}) {
+    require_device(c->data, "attention", "caches");
+    if (!c->quantized() && c->data.dtype != DType::bf16)
+      fail("cuda", "attention: float caches must be bfloat16, got {}", dtype_name(c->data.dtype));
+    if (c->quantized()) require_device(c->scales, "attention", "cache scales"), require_device(c->biases, "attention", "cache biases");
   }
   checks::each(require_i32, "attention", {{block_tables, "block_tables"}, {token_seq, "token_seq"},
                                           {token_pos, "token_pos"}});
-  checks::attention("cuda", q, k_cache, v_cache, block_tables, token_seq, token_pos, p, out);
+  checks::attention("cuda", q, kc, vc, block_tables, token_seq, token_pos, p, out);
   if (p.head_dim > 256 || p.n_heads / p.n_kv_heads > 16 || p.head_dim % 2 != 0)
     fail("cuda", "attention: unsupported params n_heads={} n_kv_heads={} head_dim={}", p.n_heads, p.n_kv_heads,
          p.head_dim);
@@ -189,6 +212,11 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
              token_pos.ptr<int32_t>(), out.data, static_cast<int>(n),
              static_cast<int>(block_tables.numel() / p.max_blocks), p.n_heads, p.n_kv_heads, p.head_dim, p.scale,
              p.softcap, p.window, p.block_size, p.max_blocks, p.sink};
+  if (kc.quantized()) {
+    a.kv_bits = kc.quant.bits, a.kv_group = kc.quant.group_size;
+    a.k_scales = kc.scales.data, a.k_biases = kc.biases.data, a.v_scales = vc.scales.data, a.v_biases = vc.biases.data;
+    for (const void* ptr : {a.k_scales, a.k_biases, a.v_scales, a.v_biases}) im.note(ptr);
+  }
   // Kernel choice from host-known sizes only (a graph replays the same choice): the tensor-core
   // kernel when sequences bring 8+ query tokens on average.
   bool prefill = attention_prefill_supported(p.head_dim) && n >= 8 * std::max(1, a.n_seqs);

@@ -202,13 +202,13 @@ bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const Decod
     }
     for (const Tensor* n : {L.attn_norm, L.mlp_norm})
       if (!n || n->dtype != DType::bf16 || n->numel() != dim) return false;
-    for (const Tensor* c : {L.k_cache, L.v_cache})
-      if (!c || !on_device(*c, DType::bf16) || c->numel() % kv_out != 0) return false;
-    if (L.k_cache->numel() != L.v_cache->numel()) return false;
+    for (const KvTensor* c : {L.k_cache, L.v_cache})  // float caches only (a quantized one runs op by op)
+      if (!c || c->quantized() || !on_device(c->data, DType::bf16) || c->data.numel() % kv_out != 0) return false;
+    if (L.k_cache->data.numel() != L.v_cache->data.numel()) return false;
     if (L.sink > 0) return false;  // a rotating cache's sink keys: the layer-by-layer path has them
   }
   d->dim = dim, d->ffn = ffn, d->n_heads = ap.n_heads, d->n_kv_heads = ap.n_kv_heads, d->head_dim = hd;
-  d->n_slots = first.k_cache->numel() / kv_out;
+  d->n_slots = first.k_cache->data.numel() / kv_out;
   d->sdt = sdt == DType::bf16 ? Dt::bf16 : Dt::f16, d->group_size = gs, d->act = static_cast<int>(a.act);
   d->eps = a.eps, d->scale = ap.scale, d->attn_factor = a.attn_factor;
   if (!q4_decoder_fits(*d, im.n_sms)) return false;
@@ -224,7 +224,7 @@ bool quantized_decoder_stack(CudaBackend& be, CudaBackend::Impl& im, const Decod
     o.mlp_norm = im.resident_of(*L.mlp_norm, "decoder_stack").data;
     if (reinterpret_cast<uintptr_t>(o.attn_norm) % 16 != 0 || reinterpret_cast<uintptr_t>(o.mlp_norm) % 16 != 0)
       return false;  // copied in 16-byte pieces
-    o.k_cache = L.k_cache->data, o.v_cache = L.v_cache->data;
+    o.k_cache = L.k_cache->data.data, o.v_cache = L.v_cache->data.data;
     o.window = L.window;
   }
   d->inv_freq = static_cast<const float*>(a.inv_freq.data);
