@@ -32,7 +32,7 @@
 #   kvtier tests, then the prefix cache's SSD tier (bench/kv_tier_bench) on `kiln synth` llama-3-8b bf16: TTFT of
 #          2k/8k/32k-token prompts cold, RAM hit, SSD hit after a restart (page cache dropped where allowed),
 #          decode with the tier on vs off
-#   kvquant  the quantized KV cache (run `tests` first: cuda_ops_test/cuda_kv_files_test hold its parity tests):
+#   kvquant  tests, then the quantized KV cache (cuda_ops_test/cuda_kv_files_test hold its parity tests):
 #          bench/cuda_attn_bench (decode at 4k/32k, batch 1/8: bf16 vs --kv-bits 8/4 caches), then model_bench
 #          decode on `kiln synth` llama-3-8b bf16 at 4k and 32k contexts with --kv-bits 0/8/4 (graphs on)
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
@@ -97,7 +97,7 @@ if want spec; then  # CPU-bound: the models, built while the GPU runs the tests
     done ) > "$OUT/prepare_spec.log" 2>&1 &
   prep_spec=$!
 fi
-if want tests first abtests spec kvtier; then
+if want tests first abtests spec kvtier kvquant; then
   for t in cuda_ops_test cuda_qops_test cuda_models_test cuda_quantized_model_test cuda_engine_test \
            cuda_sampling_test cuda_speculative_test cuda_kv_files_test; do
     el "=== $t"
