@@ -67,6 +67,17 @@ for f in "$shared"/models/*/tokenizer.json "$shared"/fixtures/tokenizers/*/token
   cp "$f" "$seeds/tokenizer_json_fuzz/$(cksum <"$f" | cut -d' ' -f1).json"  # the tiny-* models share one
 done
 
+# A prompt cache file of stories260K (float and 8-bit K/V), when a kiln binary is at hand (KILN_BIN, else
+# the default build's); without one the target starts from nothing.
+kiln_bin=${KILN_BIN:-$src/build/kiln}
+mkdir -p "$seeds/prompt_cache_file_fuzz"
+if [[ -x "$kiln_bin" ]]; then
+  for bits in "" "--kv-bits 8"; do
+    "$kiln_bin" cache-prompt --model "$shared/models/stories260K" --prompt "Once upon a time, there was a little girl who" \
+      $bits --prompt-cache-file "$seeds/prompt_cache_file_fuzz/stories260K${bits// /}.safetensors" >/dev/null 2>&1 || true
+  done
+fi
+
 # 3. Run each target; a crash, leak, timeout or sanitizer report makes libFuzzer exit non-zero.
 mkdir -p "$build/fuzz-logs" "$build/fuzz-artifacts"
 status=0
