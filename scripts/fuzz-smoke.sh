@@ -78,6 +78,17 @@ if [[ -x "$kiln_bin" ]]; then
   done
 fi
 
+# Grammar sources: a kind byte (0 GBNF, 2 JSON Schema) before the text.
+mkdir -p "$seeds/grammar_fuzz"
+for f in "$src"/tests/grammar/data/*.gbnf; do
+  { printf '\x00'; cat "$f"; } >"$seeds/grammar_fuzz/$(basename "$f")"
+done
+printf '\x01[a-z]+(\\.[0-9]{1,3})?|x*' >"$seeds/grammar_fuzz/regex"
+for f in $(ls "$shared"/fixtures/json_schemas/*.json 2>/dev/null | head -20); do
+  { printf '\x02'; python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["schema"]))' "$f"; } \
+    >"$seeds/grammar_fuzz/$(basename "$f")" 2>/dev/null || true
+done
+
 # 3. Run each target; a crash, leak, timeout or sanitizer report makes libFuzzer exit non-zero.
 mkdir -p "$build/fuzz-logs" "$build/fuzz-artifacts"
 status=0
