@@ -723,14 +723,7 @@ Dfa compile_dfa(const Re& re, int32_t max_states) {
     return out;
   };
 
-  struct VecHash {
-    size_t operator()(const std::vector<int32_t>& v) const {
-      uint64_t h = 1469598103934665603ULL;
-      for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ULL;
-      return h;
-    }
-  };
-  std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
+  std::unordered_map<std::vector<int32_t>, int32_t, StateSetHash> ids;
   std::vector<std::vector<int32_t>> subsets;
   auto intern = [&](std::vector<int32_t> set) -> int32_t {
     if (set.empty()) return -1;

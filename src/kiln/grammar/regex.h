@@ -66,6 +66,15 @@ ReP parse_regex(std::string_view pattern, bool search, bool json_string);
 
 // A byte DFA. State 0 is the start; next is -1 for dead transitions. Byte b moves through its class
 // (cls[b]), so a state's row is n_cls wide.
+// FNV-1a over a set of state ids: the key of maps from state sets (subset construction, minimization).
+struct StateSetHash {
+  size_t operator()(const std::vector<int32_t>& v) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ULL;
+    return h;
+  }
+};
+
 struct Dfa {
   std::vector<uint8_t> cls = std::vector<uint8_t>(256, 0);
   int n_cls = 1;

@@ -166,14 +166,7 @@ std::shared_ptr<const std::vector<int32_t>> TokenTable::token_classes(const Dfa&
     for (int32_t s = 0; s < n; ++s) block[s] = dfa.accepting[s];
     int32_t n_blocks = 0;
     for (size_t round = 0; round <= L; ++round) {
-      struct VecHash {
-        size_t operator()(const std::vector<int32_t>& v) const {
-          uint64_t h = 1469598103934665603ULL;
-          for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ULL;
-          return h;
-        }
-      };
-      std::unordered_map<std::vector<int32_t>, int32_t, VecHash> sig;
+      std::unordered_map<std::vector<int32_t>, int32_t, StateSetHash> sig;
       std::vector<int32_t> k(dfa.n_cls + 1);
       for (int32_t s = 0; s < n; ++s) {
         k[0] = block[s];
