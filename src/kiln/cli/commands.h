@@ -13,5 +13,6 @@ void add_apply_template(CLI::App& app);
 void add_convert(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_cache_prompt(CLI::App& app);
+void add_pull(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -1,14 +1,16 @@
 // kiln: run, serve, quantize and evaluate LLMs. Subcommands live one per file in cli/.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "kiln/base/error.h"
+#include "kiln/base/version.h"
 #include "kiln/cli/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln: a local LLM runtime (run, serve, quantize, evaluate)", "kiln"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kiln 0.1.0");
+  app.set_version_flag("--version", std::string("kiln ") + kiln::kVersion);
   kiln::cli::add_generate(app);
   kiln::cli::add_chat(app);
   kiln::cli::add_synth(app);
@@ -17,6 +19,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_convert(app);
   kiln::cli::add_perplexity(app);
   kiln::cli::add_cache_prompt(app);
+  kiln::cli::add_pull(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

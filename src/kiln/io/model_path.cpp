@@ -1,6 +1,7 @@
 // Resolves a --model argument: a local folder with config.json, else a Hugging Face repo id in
 // the local HF cache (<cache>/models--ORG--NAME/snapshots/<commit>/, the commit refs/main names,
-// else the newest snapshot). Nothing is downloaded; the error lists every place looked at.
+// else the newest snapshot; ORG/NAME@REV: the commit refs/REV names, or the commit REV). Nothing is
+// downloaded; the error lists every place looked at.
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -39,11 +40,30 @@ bool has_config(const fs::path& dir) {
 }
 
 // The snapshot to use in one cache's repo folder, or "" (with the reason added to `looked`).
-std::string pick_snapshot(const fs::path& repo, std::vector<std::string>& looked) {
+// revision "" = main's, else the newest; a named revision (ORG/NAME@REV): refs/REV's commit, or the
+// snapshot named REV (a commit), and nothing else.
+std::string pick_snapshot(const fs::path& repo, const std::string& revision, std::vector<std::string>& looked) {
   std::error_code ec;
   fs::path snapshots = repo / "snapshots";
   if (!fs::is_directory(snapshots, ec)) {
     looked.push_back(snapshots.string() + " (not there)");
+    return {};
+  }
+  if (!revision.empty()) {
+    if (revision.find("..") != std::string::npos || revision.front() == '/') {
+      looked.push_back("revision \"" + revision + "\" (not a branch, tag or commit name)");
+      return {};
+    }
+    std::string commit = revision;
+    fs::path ref_file = repo / "refs" / revision;
+    if (fs::is_regular_file(ref_file, ec)) {
+      commit = read_file(ref_file.string(), "model");
+      while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back()))) commit.pop_back();
+    }
+    if (!commit.empty() && commit.find('/') == std::string::npos && commit != "." && commit != ".." &&
+        has_config(snapshots / commit))
+      return (snapshots / commit).string();
+    looked.push_back((repo / "refs" / revision).string() + " (no snapshot of revision " + revision + ")");
     return {};
   }
   // refs/main holds the commit hash of the main branch's snapshot.
@@ -110,14 +130,19 @@ std::string resolve_model_path(const std::string& arg) {
     looked.push_back(local + " (no such folder)");
   }
 
-  // 2. The Hugging Face cache, for something shaped like a repo id.
-  if (looks_like_repo_id(arg)) {
-    std::string repo_dir = "models--" + arg;
+  // 2. The Hugging Face cache, for something shaped like a repo id (ORG/NAME[@REVISION]).
+  std::string id = arg, revision;
+  if (size_t at = arg.find('@'); at != std::string::npos) {
+    id = arg.substr(0, at);
+    revision = arg.substr(at + 1);
+  }
+  if (looks_like_repo_id(id) && (id.size() == arg.size() || !revision.empty())) {
+    std::string repo_dir = "models--" + id;
     if (size_t s = repo_dir.find('/'); s != std::string::npos) repo_dir.replace(s, 1, "--");
     std::vector<std::string> caches = hf_hub_cache_dirs();
     if (caches.empty()) looked.push_back("no Hugging Face cache (HF_HUB_CACHE, HF_HOME and HOME are unset)");
     for (const auto& cache : caches) {
-      std::string snap = pick_snapshot(fs::path(cache) / repo_dir, looked);
+      std::string snap = pick_snapshot(fs::path(cache) / repo_dir, revision, looked);
       if (!snap.empty()) return snap;
     }
   } else {
@@ -127,7 +152,7 @@ std::string resolve_model_path(const std::string& arg) {
   std::string where;
   for (size_t i = 0; i < looked.size(); ++i) where += (i ? "; " : "") + looked[i];
   fail("model", "cannot find model \"{}\": looked at {}. Pass a folder containing config.json, or a Hugging Face repo id "
-       "already in the local cache (huggingface-cli download ORG/NAME; set HF_HOME or HF_HUB_CACHE if it lives elsewhere)",
+       "in the local HF cache (not there: run `kiln pull ORG/NAME`; set HF_HOME or HF_HUB_CACHE if the cache lives elsewhere)",
        arg, where);
 }
 

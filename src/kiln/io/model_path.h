@@ -11,7 +11,8 @@ namespace kiln::io {
 std::vector<std::string> hf_hub_cache_dirs();
 
 // A --model argument -> a local folder containing config.json. The local folder first, then the
-// HF cache for "org/name" (the snapshot refs/main points to when present, else the newest).
+// HF cache for "org/name" (the snapshot refs/main points to when present, else the newest) or
+// "org/name@rev" (the snapshot refs/rev points to, or the snapshot named rev: a commit).
 // Error (kiln::Error "[model] ...", one line) lists every place it looked.
 std::string resolve_model_path(const std::string& arg);
 
