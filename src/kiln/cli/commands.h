@@ -14,5 +14,6 @@ void add_convert(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_cache_prompt(CLI::App& app);
 void add_pull(CLI::App& app);
+void add_upload(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_perplexity(app);
   kiln::cli::add_cache_prompt(app);
   kiln::cli::add_pull(app);
+  kiln::cli::add_upload(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
