@@ -40,4 +40,24 @@ __device__ __forceinline__ void kv_dequant8(const void* data, const void* scales
   }
 }
 
+// The 32 / QB codes of one u32 word of QB-bit codes (mlx's LSB-first packing) as exact f32 in
+// f[0, 32 / QB): a byte moved under the exponent of 2^23 (PRMT; bits 0x4B0000cc are 2^23 + cc), less
+// 2^23 (FADD), two instructions a code where an I2F conversion would cost eight FMA slots; 4-bit
+// words are first split into their even and odd nibbles' bytes.
+template <int QB>
+__device__ __forceinline__ void kv_code_floats(uint32_t w, float* f) {
+  const auto byte = [](uint32_t x, int k) {
+    return __uint_as_float(__byte_perm(x, 0x4B000000u, 0x7440 + k)) - 8388608.0f;
+  };
+  if constexpr (QB == 8) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) f[k] = byte(w, k);
+  } else {
+    static_assert(QB == 4);
+    const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;  // codes 2k and 2k + 1 in byte k
+#pragma unroll
+    for (int k = 0; k < 4; ++k) f[2 * k] = byte(lo, k), f[2 * k + 1] = byte(hi, k);
+  }
+}
+
 }  // namespace kiln::backend::cuda

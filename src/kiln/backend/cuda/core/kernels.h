@@ -134,9 +134,9 @@ struct AttnArgs {
 };
 // Split-K decode kernel: one block per (token, kv head, split) scores its key range [lo + split *
 // keys_per_split, +keys_per_split) for all heads of the GQA group (the tiled kernel: for a chunk of
-// them, the plan's `chunks` per kv head); the splits are merged by a combine kernel or,
-// with `counters` (tiled kernel, n_splits <= kAttnFusedMaxSplits), by the last block of each (token,
-// kv head chunk) to finish: counters is [n_tokens][n_kv_heads * chunks] zeros, and is left zero.
+// them, the plan's `chunks` per kv head); the splits are merged by a combine kernel or, with
+// `counters` (tiled or quantized kernel, n_splits <= kAttnFusedMaxSplits), by the last block of each
+// (token, kv head chunk) to finish: counters is [n_tokens][n_kv_heads * chunks] zeros, left zero.
 // `n_splits` > 1 needs `partials` (f32, attention_partials_floats(...) of them). Works for any shape
 // (group <= 16, head_dim <= 256). attention_decode_tiled(a): the fast tiled kernel runs (head_dim
 // 64/128/256, 16-byte aligned caches), any keys_per_split; otherwise the generic kernel runs, which

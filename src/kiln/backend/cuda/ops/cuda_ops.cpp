@@ -237,10 +237,11 @@ void CudaBackend::attention(const Tensor& q, const KvTensor& kc, const KvTensor&
   const int64_t splits = plan.n_splits;
   Tensor partials;
   if (splits > 1) partials = alloc(DType::f32, {attention_partials_floats(a, static_cast<int>(splits))});
-  // The tiled kernel's last block per (token, kv head chunk) merges the splits (no combine launch)
-  // and, decoding for 4-bit weights, writes the o projection's quantized input (skip_producing).
+  // The tiled and quantized kernels' last block per (token, kv head chunk) merges the splits (no
+  // combine launch); the tiled one, decoding for 4-bit weights, also writes the o projection's
+  // quantized input (skip_producing).
   const bool tiled = attention_decode_tiled(a);
-  unsigned* counters = tiled && splits > 1 && splits <= kAttnFusedMaxSplits &&
+  unsigned* counters = (tiled || attention_decode_quantized(a)) && splits > 1 && splits <= kAttnFusedMaxSplits &&
                                n * p.n_kv_heads * plan.chunks <= im.attn_counters_n
                            ? im.attn_counters
                            : nullptr;
