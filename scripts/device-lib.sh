@@ -9,7 +9,10 @@ carry_pack() {
   local dir=$1 build=$2 compress=$3 f
   shift 3
   rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/shared/models"
-  grep -qx "/$dir/" .git/info/exclude 2>/dev/null || echo "/$dir/" >> .git/info/exclude
+  local exclude
+  exclude=$(git rev-parse --git-path info/exclude)  # (.git is a file in a worktree)
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >> "$exclude"
   for f in "$@"; do strip -o "$dir/bin/$(basename "$f")" "$build/$f"; done
   for f in "$dir"/bin/*; do ldd "$f"; done | awk '/=> \// {print $3}' | sort -u |
     grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*|libz|libssl|libcrypto)\.so' |
