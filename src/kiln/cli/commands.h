@@ -15,5 +15,6 @@ void add_perplexity(CLI::App& app);
 void add_cache_prompt(CLI::App& app);
 void add_pull(CLI::App& app);
 void add_upload(CLI::App& app);
+void add_evaluate(CLI::App& app);
 
 }  // namespace kiln::cli

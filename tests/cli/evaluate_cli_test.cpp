@@ -1,0 +1,65 @@
+// kiln evaluate end to end: a run on the real fixtures writes lm-eval's results JSON; bad input
+// (an unknown task, a missing data file, malformed rows with and without --strict) gives messages
+// that say what to do.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cli_util.h"
+#include "kiln/base/json.h"
+
+using namespace kiln;
+using kiln::test::run_kiln;
+
+namespace {
+const std::string kShared = KILN_SHARED_DIR;
+const std::string kModel = kShared + "/models/stories260K";
+const std::string kData = kShared + "/fixtures/eval";
+}  // namespace
+
+TEST(EvaluateCli, WritesLmEvalResults) {
+  const std::string out = test::make_temp_dir("kiln_evaluate_out");
+  auto r = run_kiln({"evaluate", "--model", kModel, "--tasks", "arc_easy", "winogrande", "--limit", "20", "--data-dir", kData,
+                     "--output-dir", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("|arc_easy"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("req/s"), std::string::npos);  // the progress bar
+  const std::string path = out + "/eval_stories260K_arc_easy_winogrande.json";
+  ASSERT_TRUE(std::filesystem::exists(path)) << r.out;
+  const Json j = read_json_file(path);
+  for (const char* k : {"results", "versions", "n-shot", "n-samples", "config"}) EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_TRUE(j["results"]["arc_easy"].contains("acc,none"));
+  EXPECT_TRUE(j["results"]["arc_easy"].contains("acc_norm_stderr,none"));
+  EXPECT_EQ(j["n-samples"]["winogrande"]["effective"], 20);
+  EXPECT_EQ(j["n-shot"]["arc_easy"], 0);
+  EXPECT_EQ(j["config"]["seed"], 123);
+  EXPECT_EQ(j["config"]["batch_size"], 16);
+  std::filesystem::remove_all(out);
+}
+
+TEST(EvaluateCli, BadInput) {
+  auto r = run_kiln({"evaluate", "--model", kModel, "--tasks", "helaswag", "--data-dir", kData});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unknown task \"helaswag\""), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hellaswag"), std::string::npos) << r.err;  // the known tasks are listed
+
+  const std::string dir = test::make_temp_dir("kiln_evaluate_data");
+  r = run_kiln({"evaluate", "--model", kModel, "--tasks", "winogrande", "--data-dir", dir});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("winogrande/dev.jsonl"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(dir), std::string::npos) << r.err;
+
+  std::filesystem::create_directories(dir + "/winogrande");
+  std::ofstream(dir + "/winogrande/dev.jsonl")
+      << R"({"qID": "a", "sentence": "Tom gave Sam a ball because _ was kind.", "option1": "Tom", "option2": "Sam", "answer": "1"})"
+      << "\n{\"broken\n"
+      << R"({"qID": "b", "sentence": "no blank here", "option1": "x", "option2": "y", "answer": "1"})" << "\n";
+  r = run_kiln({"evaluate", "--model", kModel, "--tasks", "winogrande", "--data-dir", dir, "--output-dir", dir});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("skipped 2 malformed rows"), std::string::npos) << r.err;
+  r = run_kiln({"evaluate", "--model", kModel, "--tasks", "winogrande", "--data-dir", dir, "--strict"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("dev.jsonl:2"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
+}
