@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(cmake g++ make pkg-config git
       nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
-      libopenblas-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev libxxhash-dev
+      libopenblas-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev libxxhash-dev libbz2-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       clang libclang-rt-14-dev)
 missing=()

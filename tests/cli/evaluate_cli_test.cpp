@@ -21,7 +21,7 @@ const std::string kData = kShared + "/fixtures/eval";
 TEST(EvaluateCli, WritesLmEvalResults) {
   const std::string out = test::make_temp_dir("kiln_evaluate_out");
   auto r = run_kiln({"evaluate", "--model", kModel, "--tasks", "arc_easy", "winogrande", "--limit", "20", "--data-dir", kData,
-                     "--output-dir", out});
+                     "--output-dir", out, "--evals-db", out + "/evals.sqlite"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("|arc_easy"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("req/s"), std::string::npos);  // the progress bar
@@ -35,6 +35,25 @@ TEST(EvaluateCli, WritesLmEvalResults) {
   EXPECT_EQ(j["n-shot"]["arc_easy"], 0);
   EXPECT_EQ(j["config"]["seed"], 123);
   EXPECT_EQ(j["config"]["batch_size"], 16);
+  // The run is in the evals database: listed, as a task table, and compared with a second run.
+  EXPECT_NE(r.out.find("Recorded as run 1"), std::string::npos) << r.out;
+  r = run_kiln({"evaluate", "--model", kShared + "/models/tiny-llama", "--tasks", "arc_easy", "--limit", "20",
+                "--data-dir", kData, "--output-dir", out, "--evals-db", out + "/evals.sqlite"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_kiln({"evals", "--evals-db", out + "/evals.sqlite", "--task", "arc_easy"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("| 2 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tiny-llama"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("acc_norm"), std::string::npos) << r.out;
+  r = run_kiln({"evals", "--evals-db", out + "/evals.sqlite", "--task", "winogrande"});
+  EXPECT_EQ(r.out.find("tiny-llama"), std::string::npos) << r.out;  // run 2 has no winogrande
+  r = run_kiln({"evals", "--evals-db", out + "/evals.sqlite", "--compare", "1", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("| arc_easy | acc |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("winogrande"), std::string::npos) << r.out;  // only the metrics both runs have
+  r = run_kiln({"evals", "--evals-db", out + "/evals.sqlite", "--compare", "1", "7"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no run 7"), std::string::npos) << r.err;
   std::filesystem::remove_all(out);
 }
 
@@ -55,7 +74,7 @@ TEST(EvaluateCli, BadInput) {
       << R"({"qID": "a", "sentence": "Tom gave Sam a ball because _ was kind.", "option1": "Tom", "option2": "Sam", "answer": "1"})"
       << "\n{\"broken\n"
       << R"({"qID": "b", "sentence": "no blank here", "option1": "x", "option2": "y", "answer": "1"})" << "\n";
-  r = run_kiln({"evaluate", "--model", kModel, "--tasks", "winogrande", "--data-dir", dir, "--output-dir", dir});
+  r = run_kiln({"evaluate", "--model", kModel, "--tasks", "winogrande", "--data-dir", dir, "--output-dir", dir, "--no-evals-db"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("skipped 2 malformed rows"), std::string::npos) << r.err;
   r = run_kiln({"evaluate", "--model", kModel, "--tasks", "winogrande", "--data-dir", dir, "--strict"});

@@ -16,5 +16,6 @@ void add_cache_prompt(CLI::App& app);
 void add_pull(CLI::App& app);
 void add_upload(CLI::App& app);
 void add_evaluate(CLI::App& app);
+void add_evals(CLI::App& app);
 
 }  // namespace kiln::cli

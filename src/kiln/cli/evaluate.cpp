@@ -13,8 +13,16 @@
 #include "kiln/chat/prompt.h"
 #include "kiln/cli/commands.h"
 #include "kiln/cli/model_args.h"
+#include "kiln/eval/evals_db.h"
 #include "kiln/eval/harness.h"
 #include "kiln/eval/tasks.h"
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "unknown"
+#endif
 
 namespace kiln::cli {
 
@@ -25,7 +33,8 @@ namespace fs = std::filesystem;
 struct EvaluateArgs {
   ModelArgs model;
   std::vector<std::string> tasks;
-  std::string output_dir = ".", data_dir, chat_template_args;
+  std::string output_dir = ".", data_dir, chat_template_args, evals_db;
+  bool no_evals_db = false;
   int batch_size = 16, num_shots = -1, max_tokens = 0;
   double limit = -1;
   uint64_t seed = 123;
@@ -59,6 +68,25 @@ class Progress {
   std::string task_;
   std::chrono::steady_clock::time_point t0_;
 };
+
+// config.json's quantization recipe (MLX "quantization", or HF "quantization_config"), compact; "" when none.
+std::string quantization_of(const std::string& model_path) {
+  const fs::path cfg = fs::path(model_path) / "config.json";
+  if (!fs::is_regular_file(cfg)) return "";
+  const Json j = read_json_file(cfg.string());
+  for (const char* k : {"quantization", "quantization_config"})
+    if (j.contains(k)) return j[k].dump();
+  return "";
+}
+
+// "host (x86_64, cpu backend name)": where a run ran.
+std::string machine_of(const engine::LoadedModel& m) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  utsname u{};
+  uname(&u);
+  return fmt::format("{} ({}, {})", host, u.machine, m.backend->name());
+}
 
 std::string now_iso() {
   const std::time_t t = std::time(nullptr);
@@ -162,6 +190,23 @@ void run_evaluate(const EvaluateArgs& a) {
   f << j.dump(2) << "\n";
   if (!f) fail("evaluate", "cannot write {}", out.string());
   std::printf("\nResults written to %s\n", out.string().c_str());
+  if (a.no_evals_db) return;
+  eval::RunInfo info;
+  info.date = config["date"];
+  info.model_path = m->path;
+  info.model_hash = config["model_fingerprint"];
+  info.quantization = quantization_of(m->path);
+  info.device = config["device"];
+  info.machine = machine_of(*m);
+  info.kiln_version = KILN_VERSION;
+  info.limit = a.limit;
+  info.num_shots = a.num_shots;
+  info.seed = a.seed;
+  info.batch_size = a.batch_size;
+  info.config_json = config.dump();
+  const std::string db_path = a.evals_db.empty() ? eval::default_evals_db() : a.evals_db;
+  const int64_t id = eval::EvalsDb(db_path).record(info, results);
+  std::printf("Recorded as run %lld in %s (`kiln evals`)\n", static_cast<long long>(id), db_path.c_str());
 }
 
 }  // namespace
@@ -190,6 +235,8 @@ void add_evaluate(CLI::App& app) {
   cmd->add_option("--temp", a->temp, "Sampling temperature of generate_until (0: greedy)")->capture_default_str();
   cmd->add_option("--top-p", a->top_p, "Sampling top-p")->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "Sampling top-k (0: off)")->capture_default_str();
+  cmd->add_option("--evals-db", a->evals_db, "The evals database every run is recorded in (default: ~/.cache/kiln/evals.sqlite)");
+  cmd->add_flag("--no-evals-db", a->no_evals_db, "Do not record this run in the evals database");
   cmd->add_flag("--strict", a->strict, "A malformed data row is an error (default: skipped and counted)");
   cmd->add_flag("--no-prefix-grouping", a->no_prefix_grouping,
                 "Score every loglikelihood request whole (default: a shared context is computed once)");

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_convert(app);
   kiln::cli::add_perplexity(app);
   kiln::cli::add_evaluate(app);
+  kiln::cli::add_evals(app);
   kiln::cli::add_cache_prompt(app);
   kiln::cli::add_pull(app);
   kiln::cli::add_upload(app);
