@@ -82,3 +82,38 @@ TEST(EvaluateCli, BadInput) {
   EXPECT_NE(r.err.find("dev.jsonl:2"), std::string::npos) << r.err;
   std::filesystem::remove_all(dir);
 }
+
+// A model with a chat template: prompts go through it by default (mlx_lm.evaluate's default), not
+// under --no-apply-chat-template; --fewshot-as-multiturn puts the examples in assistant turns.
+TEST(EvaluateCli, ChatTemplateByDefault) {
+  namespace fs = std::filesystem;
+  const std::string dir = test::make_temp_dir("kiln_evaluate_chat");
+  const std::string model = dir + "/qchat";
+  fs::copy(kShared + "/models/tiny-qwen2", model, fs::copy_options::recursive);
+  Json cfg = read_json_file(model + "/tokenizer_config.json");
+  cfg["chat_template"] =
+      "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  std::ofstream(model + "/tokenizer_config.json") << cfg.dump();
+  auto first_context = [&](const std::string& task) {
+    std::ifstream f(dir + "/samples_qchat_" + task + ".jsonl");
+    std::string line;
+    std::getline(f, line);
+    return Json::parse(line)["arguments"][0][0].get<std::string>();
+  };
+  auto r = run_kiln({"evaluate", "--model", model, "--tasks", "arc_easy", "--limit", "2", "--log-samples", "--data-dir", kData,
+                     "--output-dir", dir, "--no-evals-db"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(first_context("arc_easy").rfind("<|im_start|>user\nQuestion: ", 0), 0u) << first_context("arc_easy");
+  r = run_kiln({"evaluate", "--model", model, "--tasks", "arc_easy", "--limit", "2", "--log-samples", "--data-dir", kData,
+                "--output-dir", dir, "--no-evals-db", "--no-apply-chat-template"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(first_context("arc_easy").rfind("Question: ", 0), 0u);
+  r = run_kiln({"evaluate", "--model", model, "--tasks", "mmlu_marketing", "--num-shots", "1", "--fewshot-as-multiturn",
+                "--limit", "1", "--log-samples", "--data-dir", kData, "--output-dir", dir, "--no-evals-db"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string c = first_context("mmlu_marketing");
+  EXPECT_NE(c.find("<|im_start|>system\nThe following are multiple choice questions (with answers) about marketing."), std::string::npos) << c;
+  EXPECT_NE(c.find("Answer:<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n<|im_start|>user\n"), std::string::npos) << c;
+  fs::remove_all(dir);
+}

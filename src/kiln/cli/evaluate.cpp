@@ -34,11 +34,11 @@ struct EvaluateArgs {
   ModelArgs model;
   std::vector<std::string> tasks;
   std::string output_dir = ".", data_dir, chat_template_args, evals_db;
-  bool no_evals_db = false;
+  bool no_evals_db = false, log_samples = false;
   int batch_size = 16, num_shots = -1, max_tokens = 0;
   double limit = -1;
   uint64_t seed = 123;
-  std::optional<bool> apply_chat_template;
+  bool apply_chat_template = false, no_apply_chat_template = false;  // neither: when the model has a template
   bool fewshot_as_multiturn = false, strict = false, no_prefix_grouping = false;
   float temp = 0.0f, top_p = 1.0f;
   int top_k = 0;
@@ -131,6 +131,7 @@ void run_evaluate(const EvaluateArgs& a) {
   ho.batch_size = a.batch_size;
   ho.group_prefixes = !a.no_prefix_grouping;
   ho.max_gen_toks = a.max_tokens;
+  ho.log_samples = a.log_samples;
   ho.prompt.shots = a.num_shots;
   ho.prompt.fewshot_as_multiturn = a.fewshot_as_multiturn;
   ho.sampling.temperature = a.temp;
@@ -141,7 +142,7 @@ void run_evaluate(const EvaluateArgs& a) {
   policy.kwargs = a.chat_template_args;
   policy.kwargs_flag = "--chat-template-args";
   auto renderer = std::make_shared<chat::Renderer>(policy.load(m->path, m->tokenizer.get()));
-  const bool use_chat = a.apply_chat_template.value_or(renderer->chat_template() != nullptr);
+  const bool use_chat = a.apply_chat_template || (!a.no_apply_chat_template && renderer->chat_template() != nullptr);
   if (use_chat) {
     if (!renderer->chat_template()) fail("evaluate", "--apply-chat-template: the model has no chat template");
     ho.add_special_tokens = false;
@@ -190,6 +191,15 @@ void run_evaluate(const EvaluateArgs& a) {
   f << j.dump(2) << "\n";
   if (!f) fail("evaluate", "cannot write {}", out.string());
   std::printf("\nResults written to %s\n", out.string().c_str());
+  if (a.log_samples)
+    for (const auto& r : results) {
+      if (r.samples.empty()) continue;
+      const fs::path sp = fs::path(a.output_dir) / ("samples_" + stem + "_" + r.name + ".jsonl");
+      std::ofstream sf(sp);
+      for (const auto& s : r.samples) sf << s.dump() << "\n";
+      if (!sf) fail("evaluate", "cannot write {}", sp.string());
+      std::printf("Samples written to %s\n", sp.string().c_str());
+    }
   if (a.no_evals_db) return;
   eval::RunInfo info;
   info.date = config["date"];
@@ -229,14 +239,18 @@ void add_evaluate(CLI::App& app) {
   cmd->add_option("--limit", a->limit, "Docs per task: a count, or a fraction when below 1 (default: all)");
   cmd->add_option("--seed", a->seed, "Seed of sampled generation")->capture_default_str();
   cmd->add_flag("--fewshot-as-multiturn", a->fewshot_as_multiturn, "Few-shot examples as user/assistant turns (needs the chat template)");
-  cmd->add_flag("--apply-chat-template,!--no-apply-chat-template", a->apply_chat_template,
-                "Prompts through the model's chat template (default: when the model has one)");
+  auto* on = cmd->add_flag("--apply-chat-template", a->apply_chat_template,
+                           "Prompts through the model's chat template (default: when the model has one)");
+  cmd->add_flag("--no-apply-chat-template", a->no_apply_chat_template, "Plain text prompts, even when the model has a chat template")
+      ->excludes(on);
   cmd->add_option("--chat-template-args", a->chat_template_args, "Extra chat template arguments as a JSON object");
   cmd->add_option("--temp", a->temp, "Sampling temperature of generate_until (0: greedy)")->capture_default_str();
   cmd->add_option("--top-p", a->top_p, "Sampling top-p")->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "Sampling top-k (0: off)")->capture_default_str();
   cmd->add_option("--evals-db", a->evals_db, "The evals database every run is recorded in (default: ~/.cache/kiln/evals.sqlite)");
   cmd->add_flag("--no-evals-db", a->no_evals_db, "Do not record this run in the evals database");
+  cmd->add_flag("--log-samples", a->log_samples,
+                "Also write samples_<model>_<task>.jsonl: every doc's requests (text and token ids) and answers");
   cmd->add_flag("--strict", a->strict, "A malformed data row is an error (default: skipped and counted)");
   cmd->add_flag("--no-prefix-grouping", a->no_prefix_grouping,
                 "Score every loglikelihood request whole (default: a shared context is computed once)");

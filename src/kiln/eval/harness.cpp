@@ -93,6 +93,12 @@ TaskResult run_task(const Task& t, engine::LoadedModel& m, const HarnessOptions&
     go.progress = so.progress;
     const auto outs = generate_until(*m.model, tok, reqs, go);
     res.n_requests = reqs.size();
+    if (opt.log_samples)
+      for (size_t i = 0; i < n; ++i)
+        res.samples.push_back({{"doc_id", i}, {"target", t.docs[i].target},
+                               {"arguments", OrderedJson::array({OrderedJson::array({contexts(t, t.docs[i], opt.prompt)[0],
+                                   {{"until", t.until}, {"max_gen_toks", reqs[i].max_gen_toks}}})})},
+                               {"resps", OrderedJson::array({OrderedJson::array({outs[i]})})}});
     if (t.scoring == Scoring::gsm8k) {
       std::vector<double> strict, flex;
       for (size_t i = 0; i < n; ++i) {
@@ -129,6 +135,10 @@ TaskResult run_task(const Task& t, engine::LoadedModel& m, const HarnessOptions&
     res.n_requests = reqs.size();
     std::vector<double> ll(n, 0.0), words(n), bytes(n);
     for (size_t k = 0; k < reqs.size(); ++k) ll[doc_of[k]] += lls[k].logprob;
+    if (opt.log_samples)
+      for (size_t i = 0; i < n; ++i)
+        res.samples.push_back({{"doc_id", i}, {"arguments", OrderedJson::array({OrderedJson::array({t.docs[i].target})})},
+                               {"resps", OrderedJson::array({OrderedJson::array({ll[i]})})}});
     for (size_t i = 0; i < n; ++i) {
       const std::string& o = t.docs[i].original.empty() ? t.docs[i].target : t.docs[i].original;
       // len(re.split(r"\s+", text)): runs of whitespace split; leading/trailing ones give empty pieces.
@@ -148,22 +158,39 @@ TaskResult run_task(const Task& t, engine::LoadedModel& m, const HarnessOptions&
   } else {
     // multiple_choice and loglikelihood: requests per doc, in order; first[i] = doc i's first request.
     std::vector<LoglikelihoodRequest> reqs;
+    std::vector<std::pair<std::string, std::string>> texts;  // each request's (context, continuation)
     std::vector<size_t> first(n + 1, 0);
+    auto push = [&](const std::string& c, const std::string& cont) {
+      reqs.push_back(encode_pair(tok, c, cont, opt.add_special_tokens));
+      texts.emplace_back(c, cont);
+    };
     for (size_t i = 0; i < n; ++i) {
       first[i] = reqs.size();
       const Doc& d = t.docs[i];
       const auto ctxs = contexts(t, d, opt.prompt);
-      if (t.output_type == OutputType::loglikelihood) {
-        reqs.push_back(encode_pair(tok, ctxs[0], t.target_delimiter + d.target, opt.add_special_tokens));
-      } else if (!d.contexts.empty()) {
-        for (const auto& c : ctxs) reqs.push_back(encode_pair(tok, c, t.target_delimiter + d.target, opt.add_special_tokens));
-      } else {
-        for (const auto& ch : d.choices) reqs.push_back(encode_pair(tok, ctxs[0], t.target_delimiter + ch, opt.add_special_tokens));
-      }
+      if (t.output_type == OutputType::loglikelihood) push(ctxs[0], t.target_delimiter + d.target);
+      else if (!d.contexts.empty())
+        for (const auto& c : ctxs) push(c, t.target_delimiter + d.target);
+      else
+        for (const auto& ch : d.choices) push(ctxs[0], t.target_delimiter + ch);
     }
     first[n] = reqs.size();
     const auto lls = loglikelihood(*m.model, reqs, so);
     res.n_requests = reqs.size();
+    if (opt.log_samples) {
+      for (size_t i = 0; i < n; ++i) {
+        OrderedJson args = OrderedJson::array(), ids = OrderedJson::array(), resps = OrderedJson::array();
+        for (size_t k = first[i]; k < first[i + 1]; ++k) {
+          args.push_back({texts[k].first, texts[k].second});
+          ids.push_back({reqs[k].context, reqs[k].continuation});
+          resps.push_back(OrderedJson::array({OrderedJson::array({lls[k].logprob, lls[k].is_greedy})}));
+        }
+        const Doc& d = t.docs[i];
+        res.samples.push_back({{"doc_id", i},
+                               {"target", t.output_type == OutputType::loglikelihood ? OrderedJson(d.target) : OrderedJson(d.gold)},
+                               {"arguments", args}, {"token_ids", ids}, {"resps", resps}});
+      }
+    }
     if (t.output_type == OutputType::loglikelihood) {
       std::vector<double> acc, ll;
       for (size_t i = 0; i < n; ++i) {

@@ -25,6 +25,7 @@ struct HarnessOptions {
   engine::SamplingParams sampling;
   // Prompts go through the chat template (it writes its own special tokens): encode without them.
   bool add_special_tokens = true;
+  bool log_samples = false;  // keep every doc's requests and answers in TaskResult::samples
   // (task, requests done, requests total) as the model answers.
   std::function<void(const std::string&, size_t, size_t)> progress;
 };
@@ -44,6 +45,10 @@ struct TaskResult {
   double seconds = 0;
   std::vector<MetricValue> metrics;
   std::vector<double> primary_scores;  // per doc, of the first metric (groups aggregate these)
+  // With log_samples, one object per doc as lm-eval's --log_samples writes them: doc_id, target,
+  // arguments (the requests' text), resps (the answers); loglikelihood requests also give token_ids
+  // ([context ids, continuation ids] per request).
+  OrderedJson samples = OrderedJson::array();
 };
 
 // lm-eval's _encode_pair: trailing spaces of the context move to the continuation; the continuation's
