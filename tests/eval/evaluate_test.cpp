@@ -267,10 +267,47 @@ TEST(EvalTasks, FirstPromptsMatchLmEvalTemplates) {
   }
 }
 
+// CPython 3.11's random.Random(1234): getrandbits(32) x3, then sample() by both of its methods
+// (pool: n <= setsize; set: n larger), the numbers printed by CPython itself.
+TEST(EvalFewshot, PyRandomEqualsCPython) {
+  eval::PyRandom r(1234);
+  EXPECT_EQ(r.next_u32(), 4150886329u);
+  EXPECT_EQ(r.next_u32(), 3342196574u);
+  EXPECT_EQ(r.next_u32(), 1892932127u);
+  eval::PyRandom s(1234);
+  EXPECT_EQ(s.sample(2251, 5), (std::vector<size_t>{1805, 478, 30, 371, 143}));
+  EXPECT_EQ(s.sample(2251, 5), (std::vector<size_t>{343, 403, 1452, 969, 71}));
+  EXPECT_EQ(s.sample(10, 3), (std::vector<size_t>{0, 9, 5}));
+  EXPECT_EQ(s.sample(30, 6), (std::vector<size_t>{20, 19, 15, 28, 14, 4}));
+}
+
+// lm-eval's default sampler: arc_easy 1-shot draws train docs 1805 then 478 (random.Random(1234)
+// shared across the docs in order), so doc 0's example is "Which of these resources will most
+// likely be depleted first?" and doc 1's "Which action is an example of good water management?".
+TEST(EvalFewshot, ArcDrawsAsLmEval) {
+  auto t = one("arc_easy");
+  eval::PyRandom rng(1234);
+  eval::PromptOptions p;
+  p.shots = 1;
+  p.rng = &rng;
+  const std::string c0 = eval::contexts(t, t.docs[0], p)[0], c1 = eval::contexts(t, t.docs[1], p)[0];
+  EXPECT_EQ(c0.rfind("Question: Which of these resources will most likely be depleted first?\nAnswer: ", 0), 0u) << c0;
+  EXPECT_EQ(c1.rfind("Question: Which action is an example of good water management?\nAnswer: ", 0), 0u) << c1;
+  EXPECT_EQ(c0.substr(c0.size() - t.docs[0].query.size()), t.docs[0].query);
+  // From the evaluated split (winogrande here, no train file): n + 1 drawn, the doc itself left
+  // out: CPython's Random(1234).sample(range(1267), 4) = [902, 239, 15, 185] -> 902, 239, 15.
+  auto w = one("winogrande");
+  eval::PyRandom wr(1234);
+  p.shots = 3;
+  p.rng = &wr;
+  auto shot = [&](size_t i) { return w.docs[i].contexts[w.docs[i].gold] + " " + w.docs[i].target + "\n\n"; };
+  EXPECT_EQ(eval::contexts(w, w.docs[0], p)[0], shot(902) + shot(239) + shot(15) + w.docs[0].contexts[0]);
+}
+
 TEST(EvalTasks, PromptsWithShotsAndChat) {
   auto t = one("arc_easy");
   eval::PromptOptions p;
-  p.shots = 1;
+  p.shots = 1;  // (no generator: the first examples)
   // One example from the train split: its query, " ", its gold answer text, "\n\n".
   const std::string c = eval::contexts(t, t.docs[0], p)[0];
   const std::string ex = t.fewshot_docs[0].query + " " + t.fewshot_docs[0].choices[t.fewshot_docs[0].gold] + "\n\n";

@@ -28,6 +28,7 @@ bool is_str(const OrderedJson& j, const char* k) { return j.contains(k) && j[k].
 // texts, gold = the index of answerKey among the labels; acc and acc_norm.
 Task arc(const std::string& name, const std::string& dir, const std::string& stem, const DataContext& ctx) {
   Task t;
+  t.random_fewshot = true;  // lm-eval's default sampler
   t.name = name;
   t.acc_norm = true;
   auto read = [&](const std::string& split, std::vector<Doc>& docs, bool required) {
@@ -65,6 +66,7 @@ Task arc(const std::string& name, const std::string& dir, const std::string& ste
 // PIQA: "Question: {{goal}}\nAnswer:", choices sol1/sol2, the label from valid-labels.lst.
 Task piqa(const DataContext& ctx) {
   Task t;
+  t.random_fewshot = true;  // lm-eval's default sampler
   t.name = "piqa";
   t.acc_norm = true;
   const std::string path = require_file(ctx, "piqa", "piqa/valid.jsonl");
@@ -97,6 +99,7 @@ Task piqa(const DataContext& ctx) {
 // ctx_b not capitalized, so such prompts differ in that letter (PROVENANCE.md).
 Task hellaswag(const DataContext& ctx) {
   Task t;
+  t.random_fewshot = true;  // lm-eval's default sampler
   t.name = "hellaswag";
   t.acc_norm = true;
   const std::string rel = has_file(ctx, "hellaswag/hellaswag_val_full.txt") ? "hellaswag/hellaswag_val_full.txt"
@@ -126,6 +129,7 @@ Task hellaswag(const DataContext& ctx) {
 // continuation sentence[blank + 1:].strip(); acc.
 Task winogrande(const DataContext& ctx) {
   Task t;
+  t.random_fewshot = true;  // lm-eval's default sampler
   t.name = "winogrande";
   const std::string path = require_file(ctx, "winogrande", "winogrande/dev.jsonl");
   RowErrors err{&ctx};
@@ -156,6 +160,7 @@ Task winogrande(const DataContext& ctx) {
 // LAMBADA (OpenAI): the text but its last word, then " " + the last word (split on ' '); no delimiter.
 Task lambada(const DataContext& ctx) {
   Task t;
+  t.random_fewshot = true;  // lm-eval's default sampler
   t.name = "lambada_openai";
   t.output_type = OutputType::loglikelihood;
   t.scoring = Scoring::lambada;
@@ -294,6 +299,7 @@ const char* kTruthfulQaPreamble =
 
 Task truthfulqa(bool mc2, const DataContext& ctx) {
   Task t;
+  t.random_fewshot = true;  // lm-eval's default sampler
   t.name = mc2 ? "truthfulqa_mc2" : "truthfulqa_mc1";
   t.version = 2.0;
   t.scoring = mc2 ? Scoring::mc2 : Scoring::choice;

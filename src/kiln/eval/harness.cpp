@@ -73,12 +73,19 @@ TaskResult run_task(const Task& t, engine::LoadedModel& m, const HarnessOptions&
   so.group_prefixes = opt.group_prefixes;
   so.max_length = opt.max_length;
   if (opt.progress) so.progress = [&](size_t d, size_t tot) { opt.progress(t.name, d, tot); };
+  // Every doc's context(s), once, in doc order: the few-shot draws advance one generator across
+  // the docs as lm-eval's (seeded 1234 per task).
+  PyRandom rng(1234);
+  PromptOptions po = opt.prompt;
+  po.rng = &rng;
+  std::vector<std::vector<std::string>> ctxs(n);
+  for (size_t i = 0; i < n; ++i) ctxs[i] = contexts(t, t.docs[i], po);
 
   if (t.output_type == OutputType::generate_until) {
     std::vector<GenerateRequest> reqs;
     for (size_t i = 0; i < n; ++i) {
       GenerateRequest g;
-      const std::string ctx = contexts(t, t.docs[i], opt.prompt)[0];
+      const std::string& ctx = ctxs[i][0];
       g.context = tok.encode(ctx, opt.add_special_tokens);
       if (g.context.empty()) g.context = {tok.bos_id().value_or(tok.eos_id().value_or(0))};
       g.until = t.until;
@@ -96,7 +103,7 @@ TaskResult run_task(const Task& t, engine::LoadedModel& m, const HarnessOptions&
     if (opt.log_samples)
       for (size_t i = 0; i < n; ++i)
         res.samples.push_back({{"doc_id", i}, {"target", t.docs[i].target},
-                               {"arguments", OrderedJson::array({OrderedJson::array({contexts(t, t.docs[i], opt.prompt)[0],
+                               {"arguments", OrderedJson::array({OrderedJson::array({ctxs[i][0],
                                    {{"until", t.until}, {"max_gen_toks", reqs[i].max_gen_toks}}})})},
                                {"resps", OrderedJson::array({OrderedJson::array({outs[i]})})}});
     if (t.scoring == Scoring::gsm8k) {
@@ -167,12 +174,11 @@ TaskResult run_task(const Task& t, engine::LoadedModel& m, const HarnessOptions&
     for (size_t i = 0; i < n; ++i) {
       first[i] = reqs.size();
       const Doc& d = t.docs[i];
-      const auto ctxs = contexts(t, d, opt.prompt);
-      if (t.output_type == OutputType::loglikelihood) push(ctxs[0], t.target_delimiter + d.target);
+      if (t.output_type == OutputType::loglikelihood) push(ctxs[i][0], t.target_delimiter + d.target);
       else if (!d.contexts.empty())
-        for (const auto& c : ctxs) push(c, t.target_delimiter + d.target);
+        for (const auto& c : ctxs[i]) push(c, t.target_delimiter + d.target);
       else
-        for (const auto& ch : d.choices) push(ctxs[0], t.target_delimiter + ch);
+        for (const auto& ch : d.choices) push(ctxs[i][0], t.target_delimiter + ch);
     }
     first[n] = reqs.size();
     const auto lls = loglikelihood(*m.model, reqs, so);

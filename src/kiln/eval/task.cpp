@@ -2,6 +2,8 @@
 // chat form (fewshot_context with apply_chat_template).
 #include "kiln/eval/task.h"
 
+#include <algorithm>
+
 namespace kiln::eval {
 
 std::string example_target(const Task& t, const Doc& d) {
@@ -14,10 +16,18 @@ namespace {
 
 std::string query_of(const Doc& d, size_t context) { return d.contexts.empty() ? d.query : d.contexts[context]; }
 
-// The few-shot examples for d: the first n fewshot docs (from the evaluated split: skipping d).
-std::vector<const Doc*> examples(const Task& t, const Doc& d, int n) {
+// The few-shot examples for d: lm-eval's ContextSampler.get_context (rng.sample of n docs, n + 1
+// when they come from the evaluated split, then d left out), or the first n (first_n; skipping d).
+std::vector<const Doc*> examples(const Task& t, const Doc& d, int n, PyRandom* rng) {
   std::vector<const Doc*> ex;
+  if (n <= 0) return ex;
   const auto& pool = t.fewshot_docs.empty() ? t.docs : t.fewshot_docs;
+  if (t.random_fewshot && rng) {
+    const size_t want = std::min(pool.size(), static_cast<size_t>(n) + (t.fewshot_docs.empty() ? 1 : 0));
+    for (size_t i : rng->sample(pool.size(), want))
+      if (&pool[i] != &d && static_cast<int>(ex.size()) < n) ex.push_back(&pool[i]);
+    return ex;
+  }
   for (const Doc& e : pool) {
     if (static_cast<int>(ex.size()) >= n) break;
     if (&e == &d) continue;
@@ -30,7 +40,7 @@ std::vector<const Doc*> examples(const Task& t, const Doc& d, int n) {
 
 std::vector<std::string> contexts(const Task& t, const Doc& d, const PromptOptions& opt) {
   const int shots = opt.shots >= 0 ? opt.shots : t.default_shots;
-  const auto ex = examples(t, d, shots);
+  const auto ex = examples(t, d, shots, opt.rng);
   const size_t n_ctx = d.contexts.empty() ? 1 : d.contexts.size();
   std::vector<std::string> out;
   for (size_t c = 0; c < n_ctx; ++c) {

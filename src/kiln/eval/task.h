@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/base/json.h"
+#include "kiln/eval/py_random.h"
 
 namespace kiln::eval {
 
@@ -44,7 +45,10 @@ struct Task {
   std::string target_delimiter = " ", fewshot_delimiter = "\n\n";
   int default_shots = 0;
   std::vector<Doc> docs;          // the evaluated split, in file order
-  std::vector<Doc> fewshot_docs;  // examples, taken first-n (empty: the evaluated docs, skipping the doc itself)
+  std::vector<Doc> fewshot_docs;  // the examples' split (empty: the evaluated docs, never the doc itself)
+  // lm-eval's default sampler (random.Random(1234).sample per doc, in doc order) rather than its
+  // first_n sampler (MMLU, GSM8K).
+  bool random_fewshot = false;
   std::vector<std::string> until;  // generate_until's stop strings
   int max_gen_toks = 256;
   size_t skipped_rows = 0;         // malformed rows left out while loading
@@ -58,10 +62,13 @@ struct PromptOptions {
   int shots = -1;  // -1: the task's default_shots
   bool fewshot_as_multiturn = false;
   ChatRenderer chat;  // empty: plain text prompts
+  // The generator of a random_fewshot task's draws, one per doc in order (the harness seeds it
+  // with lm-eval's 1234 per task); null: the first examples.
+  PyRandom* rng = nullptr;
 };
 
-// The text of doc's context(s) as lm-eval builds them: description, then the first `shots`
-// few-shot examples (query + target_delimiter + target, each followed by fewshot_delimiter), then
+// The text of doc's context(s) as lm-eval builds them: description, then `shots` few-shot
+// examples (drawn by opt.rng for a random_fewshot task, else the first ones) (query + target_delimiter + target, each followed by fewshot_delimiter), then
 // the query; one per Doc::contexts entry when it has them. With a chat renderer: the description as
 // the system message, the examples and query as one user message (or as user/assistant turns under
 // fewshot_as_multiturn), rendered with the generation prompt.
