@@ -5,6 +5,7 @@ export const BIN = process.env.KILN_BIN;
 export const SHARED = process.env.KILN_SHARED_DIR;
 
 // Starts `kiln serve --port 0 ...args`, reads the port from its startup line, waits for /health.
+// stderr(): what the server wrote so far; stop(signal): kills it and resolves when it exited.
 export async function startServer(args = []) {
   if (!BIN) throw new Error('set KILN_BIN to the kiln binary');
   const proc = spawn(BIN, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
@@ -23,5 +24,6 @@ export async function startServer(args = []) {
     try { if ((await fetch(base + '/health')).ok) break; } catch { /* not yet */ }
     await new Promise((r) => setTimeout(r, 50));
   }
-  return { proc, base, stop: () => new Promise((r) => { proc.once('exit', r); proc.kill('SIGTERM'); }) };
+  const exited = new Promise((r) => proc.once('exit', r));
+  return { proc, base, stderr: () => err, stop: (signal = 'SIGTERM') => { proc.kill(signal); return exited; } };
 }
