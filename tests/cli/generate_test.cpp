@@ -172,3 +172,34 @@ TEST(Generate, MaxKvSizeRotatesAndRefusesBadValues) {
   EXPECT_EQ(same.exit_code, 0) << same.err;
   fs::remove_all(dir);
 }
+
+// Structured output: --json-schema (the output parses and has the required keys and types),
+// --grammar (GBNF) and --regex; a bad schema is a one-line error.
+TEST(Generate, JsonSchemaGrammarAndRegexConstrainTheOutput) {
+  std::string dir = kiln::test::make_temp_dir("kiln-gen-structured-");
+  {
+    std::ofstream(dir + "/s.json") << R"({"type":"object","properties":{"name":{"type":"string","maxLength":10},
+      "n":{"type":"integer","minimum":0,"maximum":99}},"required":["name","n"]})";
+    std::ofstream(dir + "/g.gbnf") << "root ::= \"(\" [0-9] [0-9]? \")\"\n";
+    std::ofstream(dir + "/bad.json") << R"({"type":"foo"})";
+  }
+  for (const char* seed : {"1", "2", "3"}) {
+    auto r = run_kiln({"generate", "--json-schema", dir + "/s.json", "--temp", "1", "--seed", seed, "-m", "200"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_FALSE(r.out.empty());
+    kiln::Json j = kiln::Json::parse(r.out.substr(0, r.out.size() - 1));
+    EXPECT_TRUE(j["name"].is_string()) << r.out;
+    EXPECT_LE(j["name"].get<std::string>().size(), 40u) << r.out;  // 10 code points
+    EXPECT_TRUE(j["n"].is_number_integer()) << r.out;
+  }
+  auto g = run_kiln({"generate", "--grammar", dir + "/g.gbnf", "--temp", "1", "--seed", "4"});
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_TRUE(g.out.size() >= 4 && g.out.size() <= 5 && g.out[0] == '(' && g.out[g.out.size() - 2] == ')') << g.out;
+  auto x = run_kiln({"generate", "--regex", "(red|green)-[0-9]{2}", "--temp", "1"});
+  ASSERT_EQ(x.exit_code, 0) << x.err;
+  EXPECT_TRUE(x.out == "red-" + x.out.substr(4, 2) + "\n" || x.out.rfind("green-", 0) == 0) << x.out;
+  auto bad = run_kiln({"generate", "--json-schema", dir + "/bad.json"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("unknown type"), std::string::npos) << bad.err;
+  fs::remove_all(dir);
+}

@@ -5,34 +5,13 @@
 // equal `kiln evaluate`'s own for the same requests (from --log-samples) on the embedded stories260K.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { BIN, SHARED, startServer } from './serve_util.mjs';
 
-const BIN = process.env.KILN_BIN;
-const SHARED = process.env.KILN_SHARED_DIR;
 if (!BIN || !SHARED) throw new Error('set KILN_BIN and KILN_SHARED_DIR');
-
-async function startServer() {
-  const proc = spawn(BIN, ['serve', '--port', '0'], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let err = '';
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('kiln serve did not start: ' + err)), 30000);
-    proc.stderr.on('data', (d) => {
-      err += d;
-      const m = err.match(/http:\/\/[^:]+:(\d+)/);
-      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
-    });
-    proc.on('exit', (code) => reject(new Error(`kiln serve exited (${code}): ${err}`)));
-  });
-  const base = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 100; ++i) {
-    try { if ((await fetch(base + '/health')).ok) break; } catch { /* not yet */ }
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  return { base, stop: () => new Promise((r) => { proc.once('exit', r); proc.kill('SIGTERM'); }) };
-}
 
 let server, dir;
 before(async () => {

@@ -3,35 +3,13 @@
 // `kiln generate` on the same prompts. Needs KILN_BIN (the kiln binary); ctest sets it.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 
-const BIN = process.env.KILN_BIN;
-if (!BIN) throw new Error('set KILN_BIN to the kiln binary');
-
-// Starts `kiln serve --port 0 ...`, reads the port from its startup line, waits for /health.
-async function startServer(args = []) {
-  const proc = spawn(BIN, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let err = '';
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('kiln serve did not start: ' + err)), 30000);
-    proc.stderr.on('data', (d) => {
-      err += d;
-      const m = err.match(/http:\/\/[^:]+:(\d+)/);
-      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
-    });
-    proc.on('exit', (code) => reject(new Error(`kiln serve exited (${code}): ${err}`)));
-  });
-  const base = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 100; ++i) {
-    try { if ((await fetch(base + '/health')).ok) break; } catch { /* not yet */ }
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  return { proc, base, stop: () => new Promise((r) => { proc.once('exit', r); proc.kill('SIGTERM'); }) };
-}
+import { BIN, startServer } from './serve_util.mjs';
 
 function generate(prompt, maxTokens) {
   const out = execFileSync(BIN, ['generate', '--prompt', prompt, '--max-tokens', String(maxTokens), '--temp', '0',
@@ -264,8 +242,8 @@ test('bad requests get 4xx errors in OpenAI shape and the server keeps serving',
     ['message without role', () => post(C, { model: 'stories260K', messages: [{ content: 'x' }] }), 400],
     ['image content part', () => post(C, { model: 'stories260K', messages: [{ role: 'user',
       content: [{ type: 'image_url', image_url: { url: 'http://x' } }] }] }), 400],
-    ['response_format json_schema', () => post(C, { model: 'stories260K', messages: msgs,
-      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }), 400],
+    ['response_format json_schema with a bad schema', () => post(C, { model: 'stories260K', messages: msgs,
+      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'foo' } } } }), 400],
     ['tools', () => post(C, { model: 'stories260K', messages: msgs, tools: [{ type: 'function', function: { name: 'f' } }] }), 400],
     ['unknown route', () => fetch(server.base + '/v1/nothing'), 404],
     ['wrong method', () => fetch(server.base + P), 405],

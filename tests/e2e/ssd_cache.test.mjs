@@ -6,39 +6,16 @@
 // the folder. Driven by the official OpenAI SDK. Needs KILN_BIN; ctest sets it.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, statSync, truncateSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 
-const BIN = process.env.KILN_BIN;
-if (!BIN) throw new Error('set KILN_BIN to the kiln binary');
+import { startServer as start } from './serve_util.mjs';
 
 async function startServer(args) {
-  const proc = spawn(BIN, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let err = '';
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('kiln serve did not start: ' + err)), 30000);
-    proc.stderr.on('data', (d) => {
-      err += d;
-      const m = err.match(/http:\/\/[^:]+:(\d+)/);
-      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
-    });
-    proc.on('exit', (code) => reject(new Error(`kiln serve exited (${code}): ${err}`)));
-  });
-  const base = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 100; ++i) {
-    try { if ((await fetch(base + '/health')).ok) break; } catch { /* not yet */ }
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  const exited = new Promise((r) => proc.once('exit', r));
-  return {
-    base,
-    stderr: () => err,
-    client: new OpenAI({ baseURL: base + '/v1', apiKey: 'unused', maxRetries: 0 }),
-    stop: (signal = 'SIGTERM') => { proc.kill(signal); return exited; },
-  };
+  const s = await start(args);
+  return { ...s, client: new OpenAI({ baseURL: s.base + '/v1', apiKey: 'unused', maxRetries: 0 }) };
 }
 
 async function metrics(base) {

@@ -112,8 +112,37 @@ TEST_F(ApiTest, BadRequestsNameTheirParameter) {
   EXPECT_EQ(error_of(R"({"prompt":"a","logit_bias":[1]})").second, "logit_bias");
   EXPECT_EQ(error_of(R"({"prompt":"a","seed":"s"})").second, "seed");
   EXPECT_EQ(error_of(R"({"prompt":"a","echo":1})").second, "echo");
-  EXPECT_EQ(error_of(R"({"prompt":"a","response_format":{"type":"json_object"}})").second, "response_format");
+  EXPECT_EQ(error_of(R"({"prompt":"a","response_format":{"type":"xml"}})").second, "response_format.type");
+  EXPECT_EQ(error_of(R"({"prompt":"a","response_format":"json"})").second, "response_format");
+  EXPECT_EQ(error_of(R"({"prompt":"a","response_format":{"type":"json_schema"}})").second, "response_format.json_schema");
+  EXPECT_EQ(error_of(R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"schema":3}}})").second,
+            "response_format.json_schema.schema");
+  EXPECT_EQ(error_of(R"({"prompt":"a","grammar":"root ::= \"x\"","regex":"x"})").second, "regex");
+  EXPECT_EQ(error_of(R"({"prompt":"a","grammar":7})").second, "grammar");
   EXPECT_EQ(error_of(R"({"prompt":"a","response_format":{"type":"text"}})").first, 0);
+}
+
+TEST_F(ApiTest, StructuredOutputFieldsBecomeAGrammarRequest) {
+  auto parse = [&](const char* body) { return parse_completion(parse_body(body), *tok, lim()).grammar; };
+  EXPECT_FALSE(parse(R"({"prompt":"a"})"));
+  EXPECT_FALSE(parse(R"({"prompt":"a","response_format":{"type":"text"}})"));
+  auto g = parse(R"({"prompt":"a","response_format":{"type":"json_object"}})");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->kind, kiln::grammar::Source::json_object);
+  g = parse(R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,
+    "schema":{"type":"object","properties":{"a":{"type":"integer"}}}}}})");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->kind, kiln::grammar::Source::json_schema);
+  EXPECT_EQ(g->text, R"({"type":"object","properties":{"a":{"type":"integer"}}})");  // key order kept
+  EXPECT_TRUE(g->options.strict);
+  EXPECT_FALSE(g->options.additional_properties);
+  g = parse(R"({"prompt":"a","grammar":"root ::= \"x\""})");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->kind, kiln::grammar::Source::gbnf);
+  EXPECT_EQ(g->text, "root ::= \"x\"");
+  g = parse(R"({"prompt":"a","regex":"[0-9]+"})");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->kind, kiln::grammar::Source::regex);
 }
 
 TEST_F(ApiTest, ChatMessagesAreValidatedAndJoinedWithoutATemplate) {

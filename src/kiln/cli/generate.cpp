@@ -5,12 +5,15 @@
 #include <iostream>
 #include <iterator>
 
+#include "kiln/base/log.h"
+#include "kiln/base/mapped_file.h"
 #include "kiln/cli/commands.h"
 #include "kiln/cli/model_args.h"
 #include "kiln/cli/prompt_args.h"
 #include "kiln/cli/prompt_cache_args.h"
 #include "kiln/cli/spec_args.h"
 #include "kiln/engine/engine.h"
+#include "kiln/grammar/grammar_cache.h"
 
 namespace kiln::cli {
 
@@ -26,8 +29,26 @@ struct GenerateArgs {
   ChatArgs chat;
   SpecArgs spec;
   PromptCacheArgs prompt_cache;
+  // Structured output (at most one): a JSON Schema file, a GBNF file, a regex.
+  std::string json_schema, grammar, regex;
   bool verbose = false;
 };
+
+// The grammar the output must follow, compiled on the tokenizer's vocabulary; null without one.
+// Schema keywords kiln does not enforce are warnings on stderr.
+std::shared_ptr<const grammar::TokenMasker> load_grammar(const GenerateArgs& a, const tokenizer::Tokenizer& tok) {
+  if (a.json_schema.empty() && a.grammar.empty() && a.regex.empty()) return nullptr;
+  grammar::Source kind = grammar::Source::regex;
+  std::string text = a.regex;
+  grammar::SchemaOptions opt;
+  opt.additional_properties = false;  // as the server's response_format (docs/server.md)
+  if (!a.json_schema.empty()) kind = grammar::Source::json_schema, text = read_file(a.json_schema, "generate");
+  if (!a.grammar.empty()) kind = grammar::Source::gbnf, text = read_file(a.grammar, "generate");
+  grammar::GrammarCache cache(grammar::TokenTable::from_tokenizer(tok), 1);
+  grammar::CompiledSource c = cache.get(kind, text, opt);
+  for (const std::string& w : c.warnings) log::warn("--json-schema: {}", w);
+  return c.masker;
+}
 
 void run_generate(const GenerateArgs& a) {
   std::string prompt = a.prompt;
@@ -80,6 +101,7 @@ void run_generate(const GenerateArgs& a) {
   r.sampling.min_p = a.min_p;
   r.sampling.repetition_penalty = a.repetition_penalty;
   r.sampling.seed = a.seed;
+  r.grammar = load_grammar(a, *m->tokenizer);
   tokenizer::StreamDecoder detok(*m->tokenizer, true);
   int n_generated = 0, n_cached = 0;
   auto t_first = std::chrono::steady_clock::now();
@@ -145,6 +167,13 @@ void add_generate(CLI::App& app) {
   a->spec.add_to(cmd, 2);  // mlx_lm.generate's default
   a->prompt_cache.add_to(cmd);
   a->model.add_max_kv_size_to(cmd);
+  auto* schema = cmd->add_option("--json-schema", a->json_schema, "Structured output: the output is JSON valid under this JSON Schema file")
+                    ->check(CLI::ExistingFile);
+  auto* gbnf = cmd->add_option("--grammar", a->grammar, "Structured output: the output follows this GBNF grammar file (llama.cpp's format)")
+                   ->check(CLI::ExistingFile);
+  auto* regex = cmd->add_option("--regex", a->regex, "Structured output: the output matches this regular expression (whole)");
+  schema->excludes(gbnf)->excludes(regex);
+  gbnf->excludes(regex);
   cmd->add_flag("--verbose", a->verbose,
                 "Print prompt and generation speed, peak memory and, when drafting, how many drafts were accepted");
   cmd->callback([a] { run_generate(*a); });

@@ -178,6 +178,7 @@ void Engine::rollback(int64_t id, int k) {
     fail("engine", "rollback: request {} has rotated (max_kv_size {}); the K/V before its window are gone", id,
          cfg_.max_kv_size);
   runner_.rollback(*it->second, k, blocks_);
+  if (GrammarConstraint* g = it->second->grammar.get()) g->rollback(std::min<size_t>(k, g->n_tokens()));
 }
 
 // Drafts for every decoding sequence that may take some: its prompt is done and its next token
@@ -236,17 +237,36 @@ int Engine::propose_drafts(std::span<const ScheduledChunk> sched, std::vector<Se
 }
 
 bool Engine::emit(Sequence* s, TokenEvent ev, int32_t tok) {
+  ev.draft_n = s->draft_n;
+  ev.draft_n_accepted = s->draft_n_accepted;
+  // A token the grammar refuses (only when its state allowed none: grammar_constraint.h) is not
+  // emitted; the output ends unfinished, as at max_tokens.
+  if (s->grammar && !s->grammar->accept(tok)) {
+    ev.finished = true;
+    ev.reason = FinishReason::length;
+    if (s->on_event) s->on_event(ev);
+    finish(s, FinishReason::length);
+    return true;
+  }
   s->tokens.push_back(tok);
   ++stats_.generated_tokens;
   FinishReason r = FinishReason::none;
+  // A grammar that nothing can follow any more ends the output after this token: the end comes as
+  // an event of its own (no token), so the token stays text (a stop-reason token is an EOS).
+  const bool grammar_done = s->grammar && s->grammar->done();
   if (std::find(s->stop_ids.begin(), s->stop_ids.end(), tok) != s->stop_ids.end()) r = FinishReason::stop;
-  else if (s->n_generated() >= s->max_tokens) r = FinishReason::length;
+  else if (!grammar_done && s->n_generated() >= s->max_tokens) r = FinishReason::length;
   ev.token = tok;
   ev.finished = r != FinishReason::none;
   ev.reason = r;
-  ev.draft_n = s->draft_n;
-  ev.draft_n_accepted = s->draft_n_accepted;
   if (s->on_event) s->on_event(ev);
+  if (r == FinishReason::none && grammar_done) {
+    r = FinishReason::stop;
+    TokenEvent end = make_event(s->id, -1, true, r);
+    end.draft_n = s->draft_n;
+    end.draft_n_accepted = s->draft_n_accepted;
+    if (s->on_event) s->on_event(end);
+  }
   if (r != FinishReason::none) finish(s, r);
   return r != FinishReason::none;
 }
@@ -259,14 +279,26 @@ int Engine::verify(Sequence* s, const Draft& d, StepOutput& out, int row) {
   const int L = static_cast<int>(s->tokens.size()) - n;
   std::span<const int32_t> all(s->tokens);
   Verdict v;
+  KILN_ASSERT(!s->grammar || out.row_ids.empty(), "engine: a constrained verify's rows must come to the host");
   if (!out.row_ids.empty()) {
     v = accept_greedy(std::span<const int32_t>(out.row_ids).subspan(row, n + 1), d.tokens);
   } else {
     std::vector<std::vector<float>> p(n + 1);  // (greedy: one-hot at each row's argmax)
+    // A grammar masks row j with its state after the drafts before it, then takes them back (the
+    // emitted tokens advance it in emit()). Rows after a draft it refuses stay unmasked: that
+    // draft has probability 0 under its row's mask, so no rule accepts it or reads a later row.
+    GrammarConstraint* g = s->grammar.get();
+    const size_t g_before = g ? g->n_tokens() : 0;
+    bool g_on_path = g != nullptr;
     for (int j = 0; j <= n; ++j) {
       const std::span<const int32_t> ctx = all.first(L + j);
+      if (g_on_path) {
+        g->process(out.row(row + j), ctx);
+        if (j < n) g_on_path = g->accept(d.tokens[j]);
+      }
       s->sampler.distribution(out.row(row + j), ctx, ctx.subspan(s->n_prompt), p[j]);
     }
+    if (g) g->rollback(g->n_tokens() - g_before);
     if (s->sampler.params().temperature > 0.0f) {
       v = accept_sampled(cfg_.spec.accept, p, d, s->sampler);
     } else {
@@ -417,7 +449,8 @@ int Engine::step() {
     const bool samples = sched[i].wants_logits && s->max_tokens > 0;
     c.n_logits = wants_prompt_logprobs(*s) ? c.n_tokens : samples ? 1 : 0;
     if (samples) {
-      specs[i] = {&s->sampler, s->tokens, std::span<const int32_t>(s->tokens).subspan(s->n_prompt), {}, s->logprobs >= 0};
+      specs[i] = {&s->sampler, s->tokens, std::span<const int32_t>(s->tokens).subspan(s->n_prompt), s->processors,
+                  s->logprobs >= 0};
       c.sample = &specs[i];
     }
     any_prefill |= c.n_tokens > 1 || s->n_computed < s->n_prompt;

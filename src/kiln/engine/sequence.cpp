@@ -27,6 +27,10 @@ Sequence::Sequence(int64_t id_, Request r)
       reuse_prefix(r.reuse_prefix && r.prompt_logprobs < 0),
       num_draft_tokens(r.num_draft_tokens) {
   if (prompt_logprobs >= 0) prompt_lp.resize(n_prompt);
+  if (r.grammar) {
+    grammar = std::make_unique<GrammarConstraint>(std::move(r.grammar), stop_ids);
+    processors.push_back(grammar.get());
+  }
 }
 
 }  // namespace kiln::engine

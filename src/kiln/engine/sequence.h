@@ -3,9 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kiln/engine/grammar_constraint.h"
 #include "kiln/engine/sampler.h"
 
 namespace kiln::engine {
@@ -49,6 +51,9 @@ struct Request {
   int prompt_logprobs = -1;  // >= 0: report every prompt token's logprob (needs all prompt logits)
   bool reuse_prefix = true;  // may start from cached prefix blocks
   int num_draft_tokens = -1; // speculative decoding: at most this many drafts per step (0: off; -1: the engine's)
+  // Structured output: the output must be a sentence of this grammar (grammar_constraint.h); the
+  // stop ids above end it once the grammar is complete. Null: unconstrained.
+  std::shared_ptr<const grammar::TokenMasker> grammar;
   std::function<void(const TokenEvent&)> on_event;
 };
 
@@ -74,6 +79,8 @@ struct Sequence {
   std::vector<std::vector<TokenLogprob>> prompt_lp;  // [n_prompt] when prompt_logprobs >= 0
   int num_draft_tokens = -1;
   int draft_n = 0, draft_n_accepted = 0;
+  std::unique_ptr<GrammarConstraint> grammar;  // Request::grammar's state, or null
+  std::vector<LogitsProcessor*> processors;    // SampleSpec::processors (the grammar's)
 
   Sequence(int64_t id_, Request r);
   int n_generated() const { return static_cast<int>(tokens.size()) - n_prompt; }

@@ -129,12 +129,14 @@ ReP json_string() {
   static const ReP r = re_concat({re_byte('"'), re_repeat(json_char(), 0, -1), re_byte('"')});
   return r;
 }
+// Exponents of at most two digits: a generated number stays finite as a double (JSON allows
+// 1e999, which most parsers reject or read as infinity).
 ReP json_number() {
-  static const ReP r = parse_regex("-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", false, false);
+  static const ReP r = parse_regex("-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]{1,2})?", false, false);
   return r;
 }
 ReP json_nonneg_number() {
-  static const ReP r = parse_regex("(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", false, false);
+  static const ReP r = parse_regex("(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]{1,2})?", false, false);
   return r;
 }
 ReP json_integer() {

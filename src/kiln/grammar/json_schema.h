@@ -1,6 +1,7 @@
 // JSON Schema -> Grammar. The output is compact JSON by default (no whitespace between tokens, as
 // nlohmann::json::dump() and OpenAI's structured outputs write it; SchemaOptions::whitespace allows
-// any), properties in the schema's order.
+// any), properties in the schema's order; number exponents have at most two digits (every number
+// is finite as a double).
 //
 // Enforced: type (object, array, string, number, integer, boolean, null, and lists of them), properties,
 // required, additionalProperties (true / false / a schema; absent = options.additional_properties),

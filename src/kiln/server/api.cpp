@@ -107,6 +107,48 @@ std::vector<int32_t> encode_prompt(const std::string& text, const tokenizer::Tok
   return ids;
 }
 
+// response_format (OpenAI's shapes), grammar (GBNF) and regex: at most one of them constrains the
+// output. Schemas compile as XGrammar's strict mode does: an object without "additionalProperties"
+// takes only its declared properties (JSON Schema would allow others; the output is valid either way).
+std::optional<GrammarRequest> parse_grammar(const OrderedJson& b) {
+  std::vector<GrammarRequest> found;
+  if (const OrderedJson* rf = field(b, "response_format")) {
+    if (!rf->is_object()) bad("response_format", "expected an object with a \"type\"");
+    const OrderedJson* type = field(*rf, "type");
+    if (!type || !type->is_string())
+      bad("response_format.type", "expected \"text\", \"json_object\" or \"json_schema\"");
+    const std::string t = type->get<std::string>();
+    GrammarRequest g;
+    g.param = "response_format";
+    g.options.additional_properties = false;
+    if (t == "json_object") {
+      found.push_back(g);
+    } else if (t == "json_schema") {
+      const OrderedJson* js = field(*rf, "json_schema");
+      if (!js || !js->is_object())
+        bad("response_format.json_schema", "expected an object {\"name\", \"schema\", \"strict\"}");
+      if (const OrderedJson* name = field(*js, "name"); name && !name->is_string())
+        bad("response_format.json_schema.name", "expected a string");
+      const OrderedJson* schema = field(*js, "schema");
+      if (schema && !schema->is_object() && !schema->is_boolean())
+        bad("response_format.json_schema.schema", "expected a JSON Schema (an object)");
+      g.kind = grammar::Source::json_schema;
+      g.text = schema ? schema->dump() : "{}";
+      g.options.strict = boolean(*js, "strict").value_or(false);
+      g.param = "response_format.json_schema.schema";
+      found.push_back(g);
+    } else if (t != "text") {
+      bad("response_format.type", "'" + t + "' is not one of \"text\", \"json_object\", \"json_schema\"");
+    }
+  }
+  if (auto text = string(b, "grammar")) found.push_back({grammar::Source::gbnf, *text, {}, "grammar"});
+  if (auto text = string(b, "regex")) found.push_back({grammar::Source::regex, *text, {}, "regex"});
+  if (found.size() > 1)
+    bad(found[1].param, "give one of response_format (JSON), grammar and regex, not several");
+  if (found.empty()) return std::nullopt;
+  return found[0];
+}
+
 // Fields both endpoints share: model, sampling, stop, n, stream, max tokens; prompts must be set.
 void parse_common(const OrderedJson& b, const ApiLimits& lim, CompletionRequest& r) {
   if (auto m = string(b, "model")) {
@@ -170,11 +212,7 @@ void parse_common(const OrderedJson& b, const ApiLimits& lim, CompletionRequest&
   r.return_token_ids = boolean(b, "return_token_ids").value_or(false);
   r.num_draft_tokens = static_cast<int>(integer(b, "num_draft_tokens", 0, engine::kMaxDraftTokens).value_or(-1));
   string(b, "user");
-  if (const OrderedJson* rf = field(b, "response_format")) {
-    if (!rf->is_object() || rf->value("type", "") != "text")
-      throw ApiError(400, "'response_format' (structured output) is not supported yet; leave it out or use {\"type\": \"text\"}",
-                     "response_format", "unsupported_parameter");
-  }
+  r.grammar = parse_grammar(b);
   if (const OrderedJson* tl = field(b, "tools"); tl && !(tl->is_array() && tl->empty()))
     throw ApiError(400, "'tools' (tool calls) are not supported yet", "tools", "unsupported_parameter");
   if (const OrderedJson* fn = field(b, "functions"); fn && !(fn->is_array() && fn->empty()))

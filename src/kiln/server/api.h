@@ -4,6 +4,7 @@
 // Bodies are parsed order-preserving, so chat messages reach the template with their key order.
 #pragma once
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "kiln/base/json.h"
 #include "kiln/chat/prompt.h"
 #include "kiln/engine/sampler.h"
+#include "kiln/grammar/grammar_cache.h"
 #include "kiln/tokenizer/tokenizer.h"
 
 namespace kiln::server {
@@ -35,6 +37,15 @@ struct ApiLimits {
   int max_logprobs = 20;
 };
 
+// Structured output: the grammar a request's output must follow, from `response_format`
+// (json_object, json_schema), `grammar` (GBNF) or `regex`; compiled by the server's GrammarCache.
+struct GrammarRequest {
+  grammar::Source kind = grammar::Source::json_object;
+  std::string text;  // the schema (as JSON text), the GBNF or the regex; empty for json_object
+  grammar::SchemaOptions options;
+  std::string param;  // the field it came from (errors name it)
+};
+
 // One parsed completion or chat request.
 struct CompletionRequest {
   bool chat = false;
@@ -52,6 +63,7 @@ struct CompletionRequest {
   // Speculative decoding: at most this many drafts per step (0: off); -1: the server's
   // --num-draft-tokens, which also caps a larger value.
   int num_draft_tokens = -1;
+  std::optional<GrammarRequest> grammar;
   int choices() const { return static_cast<int>(prompts.size()) * n; }
 };
 

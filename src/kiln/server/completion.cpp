@@ -61,6 +61,8 @@ struct Server::Ctx {
   std::string id;
   int64_t created = 0;
   Clock::time_point t_submit, deadline;
+  std::shared_ptr<const grammar::TokenMasker> grammar;  // structured output, or null
+  std::vector<std::string> warnings;  // JSON Schema keywords not enforced (the response's "warnings")
   std::string error;
   int error_status = 0;
   bool cancelled = false;
@@ -208,8 +210,11 @@ struct Server::Ctx {
     return {usage, timings};
   }
 
-  Json base(const char* object) const {
-    return Json{{"id", id}, {"object", object}, {"created", created}, {"model", req.model}};
+  // with_warnings: the response (or a stream's first chunk) lists the schema keywords not enforced.
+  Json base(const char* object, bool with_warnings = false) const {
+    Json j = {{"id", id}, {"object", object}, {"created", created}, {"model", req.model}};
+    if (with_warnings && !warnings.empty()) j["warnings"] = warnings;
+    return j;
   }
 };
 
@@ -224,6 +229,19 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
   const CompletionRequest& r = ctx->req;
   if (engine_.queue_depth() + active_.load() >= cfg_.max_queue)
     throw ApiError(503, "the server is busy (too many requests queued); retry later", "", "server_busy", "server_error");
+  if (r.grammar) {  // compiled once per text (the cache), here on the HTTP thread
+    try {
+      grammar::CompiledSource c = grammars_->get(r.grammar->kind, r.grammar->text, r.grammar->options);
+      ctx->grammar = c.masker;
+      for (const std::string& w : c.warnings) ctx->warnings.push_back(w);
+    } catch (const Error& e) {
+      const bool schema = r.grammar->kind == grammar::Source::json_schema;
+      throw ApiError(400, fmt::format("'{}': {}", r.grammar->param, e.what()), r.grammar->param,
+                     schema && r.grammar->options.strict && std::string_view(e.what()).find("(strict)") != std::string_view::npos
+                         ? "unsupported_schema_keyword"
+                         : schema ? "invalid_schema" : r.grammar->kind == grammar::Source::gbnf ? "invalid_grammar" : "invalid_regex");
+    }
+  }
 
   ctx->id = random_id(chat ? "chatcmpl-" : "cmpl-");
   ctx->created = static_cast<int64_t>(std::time(nullptr));
@@ -245,6 +263,7 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
       er.stop_ids = cfg_.stop_ids;
       er.logprobs = r.logprobs;
       er.num_draft_tokens = r.num_draft_tokens;
+      er.grammar = ctx->grammar;
       if (r.echo && r.logprobs >= 0) er.prompt_logprobs = r.logprobs;
       engine_.submit(std::move(er), ctx->ch, c.index);
     }
@@ -298,7 +317,7 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
     }
     if (!ctx->error.empty())
       throw ApiError(ctx->error_status ? ctx->error_status : 500, ctx->error.empty() ? "the request failed" : ctx->error);
-    Json out = ctx->base(chat ? "chat.completion" : "text_completion");
+    Json out = ctx->base(chat ? "chat.completion" : "text_completion", true);
     Json choices = Json::array();
     for (auto& c : ctx->choices) {
       Json j = {{"index", c.index}, {"finish_reason", c.finish}};
@@ -331,6 +350,7 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
       [this, ctx, chat, pump](size_t, httplib::DataSink& sink) {
         const CompletionRequest& r = ctx->req;
         auto last_write = Clock::now();
+        bool warned = false;  // the first chunk carries the warnings
         auto write = [&](const std::string& s) {
           last_write = Clock::now();
           return sink.write(s.data(), s.size());
@@ -355,7 +375,8 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
           c.unsent.clear();
           c.tokens_sent = c.tokens.size();
           c.first_chunk_sent = true;
-          Json out = ctx->base(chat ? "chat.completion.chunk" : "text_completion");
+          Json out = ctx->base(chat ? "chat.completion.chunk" : "text_completion", !warned);
+          warned = true;
           out["choices"] = Json::array({j});
           return write(sse(out));
         };

@@ -35,6 +35,7 @@ void send_error(httplib::Response& res, const ApiError& e) {
 Server::Server(ServerConfig cfg, const tokenizer::Tokenizer& tok, engine::EngineThread& engine, ApiLimits limits,
                chat::Renderer render)
     : cfg_(std::move(cfg)), tok_(tok), engine_(engine), lim_(std::move(limits)), render_(std::move(render)),
+      grammars_(std::make_unique<grammar::GrammarCache>(grammar::TokenTable::from_tokenizer(tok))),
       http_(std::make_unique<httplib::Server>()) {
   int threads = std::max(4, cfg_.http_threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };

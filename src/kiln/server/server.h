@@ -61,6 +61,8 @@ class Server {
   engine::EngineThread& engine_;
   ApiLimits lim_;
   chat::Renderer render_;
+  // Structured output: the tokenizer's TokenTable (built once) and the compiled grammars by text.
+  std::unique_ptr<grammar::GrammarCache> grammars_;
   std::unique_ptr<httplib::Server> http_;
   HttpCounters counters_;
   std::atomic<int> active_{0};  // completion requests in flight
