@@ -23,4 +23,5 @@ fi
 # Every model (the greedy test runs them all) and the PyTorch peers.
 cp -r ../shared/models/. .devcarry/shared/models/
 cp -r ../shared/bench .devcarry/shared/bench
+mkdir -p .devcarry/shared/fixtures/eval && cp -r ../shared/fixtures/eval/hellaswag .devcarry/shared/fixtures/eval/  # evalperf
 du -sh .devcarry/*

@@ -35,6 +35,9 @@
 #   kvquant  tests, then the quantized KV cache (cuda_ops_test/cuda_kv_files_test hold its parity tests):
 #          bench/cuda_attn_bench (decode at 4k/32k, batch 1/8: bf16 vs --kv-bits 8/4 caches), then model_bench
 #          decode on `kiln synth` llama-3-8b bf16 at 4k and 32k contexts with --kv-bits 0/8/4 (graphs on)
+#   evalperf  kiln evaluate's loglikelihood throughput on `kiln synth` llama-3-8b bf16: hellaswag (--limit 200,
+#          800 requests, 4 endings per context) prefix-grouped at --batch-size 16 against the naive loop
+#          (--batch-size 1 --no-prefix-grouping); the progress bar's final requests/s
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,6 +92,16 @@ if want kvquant; then  # the model, built while the GPU runs the attention bench
   prep_kvquant=$!
   el "=== cuda_attn_bench (prefill, then decode by KV cache bits)"
   kl timeout 120 "$X/bin/cuda_attn_bench" | tee "$OUT/attn_bench.txt" || status=1
+fi
+if want evalperf; then
+  mkdir -p "$M"
+  [ -f "$M/llama-3-8b/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b" --dtype bf16 --force >/dev/null 2>&1
+  for mode in "--batch-size 16" "--batch-size 1 --no-prefix-grouping"; do
+    el "=== kiln evaluate hellaswag --limit 200 $mode"
+    kl timeout 240 "$X/bin/kiln" evaluate --device cuda --model "$M/llama-3-8b" --tasks hellaswag --limit 200 $mode \
+      --data-dir "$C/shared/fixtures/eval" --no-evals-db --output-dir /tmp/evalperf 2>&1 >/dev/null | tr '\r' '\n' |
+      grep -E "requests" | tail -n 1 | tee -a "$OUT/evalperf.txt" || status=1
+  done
 fi
 if want spec; then  # CPU-bound: the models, built while the GPU runs the tests
   mkdir -p "$M"

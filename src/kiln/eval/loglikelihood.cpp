@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "kiln/base/error.h"
+#include "kiln/base/thread_pool.h"
 #include "kiln/engine/model_runner.h"
 #include "kiln/eval/perplexity.h"
 
@@ -106,7 +107,6 @@ std::vector<LoglikelihoodResult> loglikelihood(model::Model& m, std::span<const 
 
   std::vector<LoglikelihoodResult> out(reqs.size());
   if (opt.progress) opt.progress(0, reqs.size());  // (the clock of a rate starts here)
-  std::vector<double> lp;
   size_t done = 0;
   for (auto [gb, ge] : batches) {
     // Block tables: tables[i] for request i of the batch (shared blocks first).
@@ -150,16 +150,32 @@ std::vector<LoglikelihoodResult> loglikelihood(model::Model& m, std::span<const 
     }
     if (!prefix_chunks.empty()) runner.run(prefix_chunks);
     engine::StepOutput so = runner.run(chunks);
-    for (size_t k = 0; k < chunks.size(); ++k) {
-      const Prepared& p = prep[order[k]];
-      LoglikelihoodResult& r = out[order[k]];
-      for (size_t j = 0; j < p.n_cont; ++j) {
-        std::span<float> row = so.row(so.first_row[k] + static_cast<int>(j));
-        const int32_t tok = p.whole[p.n_ctx + j];
+    // Each continuation token's log-probability and greedy flag, rows spread over the host's
+    // threads (a 128k vocabulary makes this as long as the forward), then summed per request.
+    struct Row {
+      size_t k, j;
+      double logprob = 0;
+      bool greedy = true;
+    };
+    std::vector<Row> rows;
+    for (size_t k = 0; k < chunks.size(); ++k)
+      for (size_t j = 0; j < prep[order[k]].n_cont; ++j) rows.push_back({k, j});
+    ThreadPool::global().parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t b, int64_t e) {
+      std::vector<double> lp;
+      for (int64_t i = b; i < e; ++i) {
+        Row& w = rows[i];
+        const Prepared& p = prep[order[w.k]];
+        std::span<float> row = so.row(so.first_row[w.k] + static_cast<int>(w.j));
+        const int32_t tok = p.whole[p.n_ctx + w.j];
         log_softmax(row.data(), vocab, lp);
-        r.logprob += lp[tok];
-        if (engine::argmax(row) != tok) r.is_greedy = false;
+        w.logprob = lp[tok];
+        w.greedy = engine::argmax(row) == tok;
       }
+    });
+    for (const Row& w : rows) {  // (in order: the sums do not depend on the threads)
+      LoglikelihoodResult& r = out[order[w.k]];
+      r.logprob += w.logprob;
+      r.is_greedy = r.is_greedy && w.greedy;
     }
     done += chunks.size();
     if (opt.progress) opt.progress(done, reqs.size());
