@@ -168,6 +168,21 @@ TEST(ChatTemplate, OtherTemplateFilesAndMissingTemplate) {
   EXPECT_EQ(over.render(OJson::array(), OJson(), true), "O<e>");
 }
 
+TEST(ChatTemplate, ThinksWhenTheSourceWritesThinkTags) {
+  for (const char* name : {"Qwen-Qwen3-0.6B.jinja", "Qwen-QwQ-32B.jinja"})
+    EXPECT_TRUE(ChatTemplate::from_string(read_file(kTemplates / name)).thinks()) << name;
+  for (const char* name : {"Qwen-Qwen2.5-7B-Instruct.jinja", "TinyLlama-TinyLlama-1.1B-Chat-v1.0.jinja",
+                           "openai-gpt-oss-120b.jinja"})
+    EXPECT_FALSE(ChatTemplate::from_string(read_file(kTemplates / name)).thinks()) << name;
+  // Each way a folder gives its template: tokenizer_config.json, then chat_template.jinja over it.
+  TempDir dir;
+  write_file(dir.path / "tokenizer_config.json", R"({"chat_template": "{{ '<think>' }}"})");
+  EXPECT_TRUE(ChatTemplate::from_model_dir(dir.path.string())->thinks());
+  write_file(dir.path / "chat_template.jinja", "plain");
+  EXPECT_FALSE(ChatTemplate::from_model_dir(dir.path.string())->thinks());
+  EXPECT_TRUE(ChatTemplate::from_model_dir_with_template(dir.path.string(), "<think>").thinks());
+}
+
 TEST(ChatTemplate, BadTemplatesAndRequestsFailWithAMessage) {
   TempDir dir;
   write_file(dir.path / "tokenizer_config.json", R"({"chat_template": "ok\n{% if %}"})");

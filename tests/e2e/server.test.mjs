@@ -279,6 +279,58 @@ test('--chat-template renders chats; /apply-template shows the prompt the chat r
     assert.equal(chat.usage.prompt_tokens, ids.length);
     const comp = await c.completions.create({ model: 'stories260K', prompt: ids, max_tokens: 30, temperature: 0 });
     assert.equal(chat.choices[0].message.content, comp.choices[0].text);
+    assert.ok(!('reasoning_content' in chat.choices[0].message), 'a template without <think>: no reasoning');
+  } finally {
+    await s.stop();
+  }
+});
+
+// Thinking templates: the <think> block goes to reasoning_content. stories260K never writes the
+// tags, so QwQ's template (its prompt opens the block) makes the whole answer reasoning, and
+// Qwen3's with enable_thinking false (the prompt closes an empty block) leaves it all content.
+test('reasoning_content: a prompt-opened <think> block, streamed and not; enable_thinking reaches the template', async () => {
+  const dir = path.join(process.env.KILN_SHARED_DIR ?? '', 'fixtures/chat_templates');
+  const messages = [{ role: 'user', content: 'Lily and Tim' }];
+  const post = async (base, route, body) =>
+    (await fetch(base + route, { method: 'POST', body: JSON.stringify(body) })).json();
+  const completionOf = async (base, prompt) => {
+    const ids = (await post(base, '/tokenize', { content: prompt, add_special: false })).tokens;
+    return (await post(base, '/v1/completions', { prompt: ids, max_tokens: 24, temperature: 0 })).choices[0].text;
+  };
+  let s = await startServer(['--chat-template', readFileSync(path.join(dir, 'Qwen-QwQ-32B.jinja'), 'utf8')]);
+  try {
+    const at = await post(s.base, '/apply-template', { messages });
+    assert.ok(at.prompt.endsWith('<|im_start|>assistant\n<think>\n'), at.prompt);
+    const want = (await completionOf(s.base, at.prompt)).trim();
+    assert.ok(want.length > 0 && !want.includes('</think>'));
+    const c = new OpenAI({ baseURL: s.base + '/v1', apiKey: 'x', maxRetries: 0 });
+    const chat = await c.chat.completions.create({ model: 'stories260K', messages, max_tokens: 24, temperature: 0 });
+    assert.equal(chat.choices[0].message.reasoning_content, want);
+    assert.equal(chat.choices[0].message.content, '');
+    const stream = await c.chat.completions.create({ model: 'stories260K', messages, max_tokens: 24, temperature: 0,
+      stream: true });
+    let reasoning = '', content = '', role = '';
+    for await (const chunk of stream) {
+      const d = chunk.choices[0]?.delta ?? {};
+      role ||= d.role ?? '';
+      reasoning += d.reasoning_content ?? '';
+      content += d.content ?? '';
+    }
+    assert.equal(role, 'assistant');
+    assert.equal(reasoning, want);
+    assert.equal(content, '');
+  } finally {
+    await s.stop();
+  }
+  s = await startServer(['--chat-template', readFileSync(path.join(dir, 'Qwen-Qwen3-0.6B.jinja'), 'utf8')]);
+  try {
+    const kwargs = { enable_thinking: false };
+    const at = await post(s.base, '/apply-template', { messages, chat_template_kwargs: kwargs });
+    assert.ok(at.prompt.endsWith('<|im_start|>assistant\n<think>\n\n</think>\n\n'), at.prompt);
+    const chat = await post(s.base, '/v1/chat/completions', { messages, max_tokens: 24, temperature: 0,
+      chat_template_kwargs: kwargs });
+    assert.equal(chat.choices[0].message.content, await completionOf(s.base, at.prompt));
+    assert.ok(!('reasoning_content' in chat.choices[0].message));
   } finally {
     await s.stop();
   }

@@ -2,6 +2,7 @@
 // each kind of bad request becomes an ApiError with the right status and parameter name.
 #include <gtest/gtest.h>
 
+#include "kiln/base/mapped_file.h"
 #include "kiln/server/api.h"
 
 using namespace kiln::server;
@@ -172,4 +173,35 @@ TEST_F(ApiTest, MessageKeyOrderReachesTheTemplate) {
   auto b = parse_body(R"({"messages":[{"role":"user","zeta":"z","content":"hi","alpha":"a"}]})");
   CompletionRequest r = parse_chat(b, *tok, lim(), render);
   EXPECT_EQ(r.prompt_texts[0], "role=user;zeta=z;content=hi;alpha=a;");
+}
+
+TEST_F(ApiTest, ThinkingTemplatesMarkTheRequestForReasoning) {
+  // Qwen3's template thinks but leaves the block to the model (or, with enable_thinking false,
+  // writes an empty closed one); QwQ's opens it in the generation prompt; TinyLlama's never thinks.
+  auto renderer = [](const char* name) {
+    return kiln::chat::Renderer(kiln::chat::ChatTemplate::from_string(
+        kiln::read_file(std::string(KILN_SHARED_DIR) + "/fixtures/chat_templates/" + name, "test"), "<s>", "</s>"));
+  };
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  kiln::chat::Renderer qwen3 = renderer("Qwen-Qwen3-0.6B.jinja"), qwq = renderer("Qwen-QwQ-32B.jinja"),
+                       tiny = renderer("TinyLlama-TinyLlama-1.1B-Chat-v1.0.jinja");
+  CompletionRequest r = parse_chat(parse_body("{" + msgs + "}"), *tok, lim(), qwen3);
+  EXPECT_TRUE(r.reasoning);
+  EXPECT_FALSE(r.reasoning_open);
+  r = parse_chat(parse_body("{" + msgs + R"(,"chat_template_kwargs":{"enable_thinking":false}})"), *tok, lim(), qwen3);
+  EXPECT_TRUE(r.reasoning);
+  EXPECT_FALSE(r.reasoning_open);
+  EXPECT_TRUE(r.prompt_texts[0].ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n")) << r.prompt_texts[0];
+  r = parse_chat(parse_body("{" + msgs + "}"), *tok, lim(), qwq);
+  EXPECT_TRUE(r.reasoning);
+  EXPECT_TRUE(r.reasoning_open);
+  // An earlier answer's closed block in the history does not open one.
+  r = parse_chat(parse_body(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"<think>x</think>yo"},)"
+                            R"({"role":"user","content":"again"}]})"),
+                 *tok, lim(), qwen3);
+  EXPECT_FALSE(r.reasoning_open);
+  r = parse_chat(parse_body("{" + msgs + "}"), *tok, lim(), tiny);
+  EXPECT_FALSE(r.reasoning);
+  kiln::chat::Renderer none;
+  EXPECT_FALSE(parse_chat(parse_body("{" + msgs + "}"), *tok, lim(), none).reasoning);
 }

@@ -40,6 +40,9 @@ std::shared_ptr<const jinja::Template> compile(const std::string& source, const 
   }
 }
 
+// A template that writes or strips "<think>" blocks belongs to a model that reasons before it answers.
+bool mentions_think(const std::string& source) { return source.find("<think>") != std::string::npos; }
+
 OJson read_config(const fs::path& root) {
   fs::path config_path = root / "tokenizer_config.json";
   OJson config = fs::exists(config_path) ? read_json(config_path) : OJson::object();
@@ -108,6 +111,7 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir)
     const OJson& t = config["chat_template"];
     if (t.is_string()) {
       ct.templates_.push_back({"default", compile(t.get<std::string>(), where)});
+      ct.thinks_ = mentions_think(t.get<std::string>());
     } else if (t.is_array()) {
       for (const auto& entry : t) {
         if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") ||
@@ -115,6 +119,7 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir)
           fail("template", "{}: chat_template list entries need string \"name\" and \"template\"", where);
         std::string name = entry["name"].get<std::string>();
         ct.templates_.push_back({name, compile(entry["template"].get<std::string>(), where + " (" + name + ")")});
+        ct.thinks_ = ct.thinks_ || mentions_think(entry["template"].get<std::string>());
       }
     } else {
       fail("template", "{}: chat_template must be a string or a list of {{name, template}}", where);
@@ -126,16 +131,25 @@ std::optional<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir)
     if (!j.is_object() || !j.contains("chat_template") || !j["chat_template"].is_string())
       fail("template", "{}: expected {{\"chat_template\": \"...\"}}", json_path.string());
     ct.templates_ = {{"default", compile(j["chat_template"].get<std::string>(), json_path.string())}};
+    ct.thinks_ = mentions_think(j["chat_template"].get<std::string>());
   }
   fs::path jinja_path = root / "chat_template.jinja";
-  if (fs::exists(jinja_path)) ct.templates_ = {{"default", compile(read_text(jinja_path), jinja_path.string())}};
+  if (fs::exists(jinja_path)) {
+    std::string source = read_text(jinja_path);
+    ct.templates_ = {{"default", compile(source, jinja_path.string())}};
+    ct.thinks_ = mentions_think(source);
+  }
   fs::path extra_dir = root / "additional_chat_templates";
   if (fs::is_directory(extra_dir)) {
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(extra_dir))
       if (e.path().extension() == ".jinja") files.push_back(e.path());
     std::sort(files.begin(), files.end());
-    for (const auto& f : files) ct.templates_.push_back({f.stem().string(), compile(read_text(f), f.string())});
+    for (const auto& f : files) {
+      std::string source = read_text(f);
+      ct.templates_.push_back({f.stem().string(), compile(source, f.string())});
+      ct.thinks_ = ct.thinks_ || mentions_think(source);
+    }
   }
   if (ct.templates_.empty()) return std::nullopt;
   return ct;
@@ -149,7 +163,10 @@ ChatTemplate ChatTemplate::from_string(std::string source, std::string bos_token
   return ct;
 }
 
-void ChatTemplate::set_template(std::string source) { templates_ = {{"default", compile(source, "chat template")}}; }
+void ChatTemplate::set_template(std::string source) {
+  templates_ = {{"default", compile(source, "chat template")}};
+  thinks_ = mentions_think(source);
+}
 
 std::vector<std::string> ChatTemplate::names() const {
   std::vector<std::string> out;

@@ -41,6 +41,9 @@ class ChatTemplate {
   // Template names ("default" for a single template) and the special-token strings.
   std::vector<std::string> names() const;
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
+  // Whether the template's source writes "<think>" (Qwen3, QwQ, DeepSeek-R1 distills): the
+  // model reasons inside <think>...</think> before it answers (the server's reasoning_content).
+  bool thinks() const { return thinks_; }
 
  private:
   void set_template(std::string source);  // replaces the template(s), keeping the special tokens
@@ -51,6 +54,7 @@ class ChatTemplate {
   };
   std::vector<Named> templates_;
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
+  bool thinks_ = false;
 };
 
 }  // namespace kiln::chat

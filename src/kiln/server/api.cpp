@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kiln/engine/speculative.h"
+#include "kiln/server/reasoning.h"
 
 namespace kiln::server {
 
@@ -334,6 +335,8 @@ CompletionRequest parse_chat(const OrderedJson& b, const tokenizer::Tokenizer& t
   r.prompts.push_back(encode_prompt(chat.text, tok, chat.add_special_tokens));
   if (r.prompts.back().empty()) bad("messages", "the messages render to an empty prompt");
   r.prompt_texts.push_back(chat.text);
+  r.reasoning = render.chat_template() && render.chat_template()->thinks();
+  r.reasoning_open = r.reasoning && prompt_opens_reasoning(chat.text);
   parse_common(b, lim, r);
   if (auto lp = boolean(b, "logprobs"); lp && *lp) r.logprobs = 0;
   if (auto tl = integer(b, "top_logprobs", 0, lim.max_logprobs)) {

@@ -64,6 +64,9 @@ struct CompletionRequest {
   // --num-draft-tokens, which also caps a larger value.
   int num_draft_tokens = -1;
   std::optional<GrammarRequest> grammar;
+  // Chat with a template that thinks (ChatTemplate::thinks): the output's <think> block goes to
+  // reasoning_content; reasoning_open: the prompt opened it (the output starts inside it).
+  bool reasoning = false, reasoning_open = false;
   int choices() const { return static_cast<int>(prompts.size()) * n; }
 };
 

@@ -10,6 +10,7 @@
 
 #include "kiln/base/log.h"
 #include "kiln/server/client_socket.h"
+#include "kiln/server/reasoning.h"
 #include "kiln/server/server.h"
 #include "kiln/server/stop_matcher.h"
 
@@ -35,11 +36,13 @@ struct LogprobEntry {
 };
 
 // One choice's progress: its tokens, the text emitted so far and what is still to send.
+// text: the content; reasoning: a thinking model's <think> block (split off when req.reasoning).
 struct Choice {
   int index = 0, prompt = 0;
   std::unique_ptr<tokenizer::StreamDecoder> detok;
   std::unique_ptr<StopMatcher> stop;
-  std::string text, unsent;
+  std::unique_ptr<ReasoningSplitter> think;  // null: no split, all text is content
+  std::string text, unsent, reasoning, unsent_reasoning;
   std::vector<int32_t> tokens;
   std::vector<LogprobEntry> lps;
   size_t lps_sent = 0, tokens_sent = 0;
@@ -67,6 +70,23 @@ struct Server::Ctx {
   int error_status = 0;
   bool cancelled = false;
   int n_done = 0;
+
+  // Decided text (past the stop strings) -> the choice's content and reasoning.
+  static void add_text(Choice& c, const std::string& piece, bool last) {
+    ReasoningSplitter::Piece p{"", piece};
+    if (c.think) {
+      p = c.think->push(piece);
+      if (last) {
+        ReasoningSplitter::Piece rest = c.think->flush();
+        p.reasoning += rest.reasoning;
+        p.content += rest.content;
+      }
+    }
+    c.text += p.content;
+    c.unsent += p.content;
+    c.reasoning += p.reasoning;
+    c.unsent_reasoning += p.reasoning;
+  }
 
   std::string token_text(const tokenizer::Tokenizer& tok, int32_t id) const {
     int32_t one[1] = {id};
@@ -100,8 +120,7 @@ struct Server::Ctx {
       if (req.logprobs >= 0) c.lps.push_back({e.token, e.logprob, e.top});
       if (e.reason != engine::FinishReason::stop) {  // an EOS token is not text
         std::string piece = c.stop->push(c.detok->push(e.token));
-        c.text += piece;
-        c.unsent += piece;
+        add_text(c, piece, c.stop->stopped());
         if (c.stop->stopped()) {
           c.finish = "stop";
           if (!e.finished) et.cancel(ch, ci);
@@ -112,8 +131,7 @@ struct Server::Ctx {
     if (e.finished) {
       std::string rest = c.stop->push(c.detok->flush());
       if (!c.stop->stopped()) rest += c.stop->flush();
-      c.text += rest;
-      c.unsent += rest;
+      add_text(c, rest, true);
       c.finish = (e.reason == engine::FinishReason::stop || c.stop->stopped()) ? "stop" : "length";
       return true;
     }
@@ -254,6 +272,7 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
       c.prompt = p;
       c.detok = std::make_unique<tokenizer::StreamDecoder>(tok_, true);
       c.stop = std::make_unique<StopMatcher>(r.stop);
+      if (r.reasoning) c.think = std::make_unique<ReasoningSplitter>(r.reasoning_open);
       ctx->choices.push_back(std::move(c));
       engine::Request er;
       er.prompt = r.prompts[p];
@@ -323,6 +342,7 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
       Json j = {{"index", c.index}, {"finish_reason", c.finish}};
       if (chat) {
         j["message"] = {{"role", "assistant"}, {"content", c.text}};
+        if (!c.reasoning.empty()) j["message"]["reasoning_content"] = c.reasoning;  // as vLLM: absent when none
         j["logprobs"] = ctx->logprobs_json(tok_, c, 0, false);
       } else {
         j["text"] = r.echo ? r.prompt_texts[c.prompt] + c.text : c.text;
@@ -365,7 +385,8 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
           if (chat) {
             Json delta = Json::object();
             if (!c.first_chunk_sent) delta["role"] = "assistant";
-            if (!c.unsent.empty() || !c.first_chunk_sent) delta["content"] = c.unsent;
+            if (!c.unsent_reasoning.empty()) delta["reasoning_content"] = c.unsent_reasoning;
+            if (!c.unsent.empty() || (!c.first_chunk_sent && c.unsent_reasoning.empty())) delta["content"] = c.unsent;
             j["delta"] = delta;
           } else {
             j["text"] = echo_now ? r.prompt_texts[c.prompt] + c.unsent : c.unsent;
@@ -373,12 +394,24 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
           j["logprobs"] = lp;
           if (final && r.return_token_ids) j["token_ids"] = c.tokens;
           c.unsent.clear();
+          c.unsent_reasoning.clear();
           c.tokens_sent = c.tokens.size();
           c.first_chunk_sent = true;
           Json out = ctx->base(chat ? "chat.completion.chunk" : "text_completion", !warned);
           warned = true;
           out["choices"] = Json::array({j});
           return write(sse(out));
+        };
+        // The reasoning goes out before the content: where one batch of events holds both (the
+        // block closed), the reasoning takes a chunk of its own first.
+        auto send = [&](Choice& c, bool final) {
+          if (!c.unsent_reasoning.empty() && !c.unsent.empty()) {
+            std::string content = std::move(c.unsent);
+            c.unsent.clear();
+            if (!chunk(c, false)) return false;
+            c.unsent = std::move(content);
+          }
+          return chunk(c, final);
         };
         std::vector<bool> final_sent(ctx->choices.size(), false);
         auto emit_chunks = [&]() {
@@ -387,13 +420,13 @@ void Server::completion(const httplib::Request& hreq, httplib::Response& res, bo
             if (final_sent[i]) continue;
             // New tokens always make a chunk, even when their text is held back (empty text):
             // clients see progress at once (TTFT), and the write shows whether the client is there.
-            bool fresh = c.tokens.size() > c.tokens_sent || !c.unsent.empty();
+            bool fresh = c.tokens.size() > c.tokens_sent || !c.unsent.empty() || !c.unsent_reasoning.empty();
             if (c.finish && ctx->error.empty()) {
-              if ((fresh || !c.first_chunk_sent) && !chunk(c, false)) return false;
+              if ((fresh || !c.first_chunk_sent) && !send(c, false)) return false;
               if (!chunk(c, true)) return false;
               final_sent[i] = true;
             } else if (fresh) {
-              if (!chunk(c, false)) return false;
+              if (!send(c, false)) return false;
             }
           }
           return true;
