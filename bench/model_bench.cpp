@@ -3,6 +3,9 @@
 // Usage: model_bench [--model DIR] [--device cpu|cuda] [--prefill N] [--decode N] [--batch B] [--repeat R]
 //                    [--plan B:P:D,B:P:D,...]   (several runs over one loaded model; overrides the above)
 //                    [--kv-bits 8|4 [--kv-group-size G]]   (a quantized KV cache; kv_bytes_per_token follows it)
+//                    [--json-schema FILE]   (every request constrained by the schema: structured output's cost;
+//                                            a sequence whose JSON completes ends early, so decode_tok_s counts
+//                                            the tokens actually generated)
 // Prints one JSON object per line: {"model", "prefill_tokens", "prefill_tok_s", "decode_tok_s", ...}.
 #include <chrono>
 #include <cstdio>
@@ -11,9 +14,11 @@
 
 #include "kiln/backend/kv_quant.h"
 #include "kiln/base/json.h"
+#include "kiln/base/mapped_file.h"
 #include "kiln/cli/embedded.h"
 #include "kiln/engine/engine.h"
 #include "kiln/engine/loader.h"
+#include "kiln/grammar/grammar_cache.h"
 #ifdef KILN_HAVE_CUDA
 #include "kiln/backend/cuda/cuda_backend.h"
 #endif
@@ -42,7 +47,7 @@ struct PlanEntry {
 };
 
 int main(int argc, char** argv) {
-  std::string model, device = "cpu", plan_arg;
+  std::string model, device = "cpu", plan_arg, schema_file;
   int kv_bits = 0, kv_group = 64;
   int prefill = 128, decode = 64, batch = 1, repeat = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -56,6 +61,7 @@ int main(int argc, char** argv) {
     else if (k == "--plan") plan_arg = argv[i + 1];
     else if (k == "--kv-bits") kv_bits = std::atoi(argv[i + 1]);
     else if (k == "--kv-group-size") kv_group = std::atoi(argv[i + 1]);
+    else if (k == "--json-schema") schema_file = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -69,6 +75,11 @@ int main(int argc, char** argv) {
     auto m = model.empty() ? engine::load_model_from_memory(cli::embedded_model_files(), cli::kEmbeddedName, opt)
                            : engine::load_model(model, opt);
     const auto& c = m->config;
+    std::shared_ptr<const grammar::TokenMasker> schema;
+    if (!schema_file.empty()) {
+      grammar::GrammarCache gc(grammar::TokenTable::from_tokenizer(*m->tokenizer));
+      schema = gc.get(grammar::Source::json_schema, read_file(schema_file, "model_bench"), {}).masker;
+    }
     std::vector<PlanEntry> plan;
     for (size_t pos = 0; pos < plan_arg.size();) {
       size_t end = plan_arg.find(',', pos);
@@ -86,6 +97,7 @@ int main(int argc, char** argv) {
     batch = pe.batch, prefill = pe.prefill, decode = pe.decode;
     prefill = std::min(prefill, c.max_position_embeddings - decode - 1);
     double best_prefill = 1e30, best_decode = 1e30;
+    int64_t decode_tokens = static_cast<int64_t>(batch) * (decode - 1);  // (of the best run)
 #ifdef KILN_HAVE_CUDA
     auto* cb = dynamic_cast<backend::cuda::CudaBackend*>(m->backend.get());
     const backend::cuda::CudaStats st0 = cb ? cb->stats() : backend::cuda::CudaStats{};
@@ -101,7 +113,8 @@ int main(int argc, char** argv) {
       for (int s = 0; s < batch; ++s) {
         engine::Request r;
         for (int i = 0; i < prefill; ++i) r.prompt.push_back(static_cast<int32_t>((i * 7919 + s * 31 + 3) % c.vocab_size));
-        r.max_tokens = decode;  // no stop ids: exactly `decode` tokens
+        r.max_tokens = decode;  // no stop ids: exactly `decode` tokens (unless a schema completes)
+        r.grammar = schema;
         eng.add(std::move(r));
       }
       // Prefill: run steps until every sequence has produced its first token.
@@ -111,7 +124,8 @@ int main(int argc, char** argv) {
       while (eng.has_work()) eng.step();
       auto t2 = Clock::now();
       best_prefill = std::min(best_prefill, std::chrono::duration<double>(t1 - t0).count());
-      best_decode = std::min(best_decode, std::chrono::duration<double>(t2 - t1).count());
+      const double dt = std::chrono::duration<double>(t2 - t1).count();
+      if (dt < best_decode) best_decode = dt, decode_tokens = eng.stats().generated_tokens - batch;
     }
     double wb = weight_bytes_per_token(*m);
     // KV bytes read per decode token at the mean context (K and V: activation dtype, or codes + f16 scales/biases).
@@ -126,7 +140,9 @@ int main(int argc, char** argv) {
               {"batch", batch},
               {"prefill_tok_s", batch * prefill / best_prefill},
               {"decode_steps", decode - 1},
-              {"decode_tok_s", batch * (decode - 1) / best_decode},
+              {"decode_tok_s", static_cast<double>(decode_tokens) / best_decode},
+              {"decode_tokens", decode_tokens},
+              {"json_schema", schema_file},
               {"weight_bytes_per_step", wb},
               {"kv_bytes_per_token", kv},
               {"bytes_per_decode_step", wb + batch * kv}};

@@ -38,6 +38,9 @@
 #   evalperf  kiln evaluate's loglikelihood throughput on `kiln synth` llama-3-8b bf16: hellaswag (--limit 200,
 #          800 requests, 4 endings per context) prefix-grouped at --batch-size 16 against the naive loop
 #          (--batch-size 1 --no-prefix-grouping); the progress bar's final requests/s
+#   grammar  tests, then structured output's decode cost: model_bench on `kiln synth` llama-3-8b bf16 at batch
+#          1 and 64 (128-token prompts, 128 decoded) without and with bench/data/decode_schema.json, two
+#          alternating rounds (the masks are computed on the host while the forward runs)
 #   bench  bench/run-gpu.sh: ceilings, both bf16 shapes, the HF and CUDA-graph PyTorch peers
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -93,6 +96,12 @@ if want kvquant; then  # the model, built while the GPU runs the attention bench
   el "=== cuda_attn_bench (prefill, then decode by KV cache bits)"
   kl timeout 120 "$X/bin/cuda_attn_bench" | tee "$OUT/attn_bench.txt" || status=1
 fi
+if want grammar; then  # the model, built while the GPU runs the tests
+  mkdir -p "$M"
+  ( [ -f "$M/llama-3-8b/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b" --dtype bf16 --force
+  ) > "$OUT/prepare_grammar.log" 2>&1 &
+  prep_grammar=$!
+fi
 if want evalperf; then
   mkdir -p "$M"
   [ -f "$M/llama-3-8b/config.json" ] || kl "$X/bin/kiln" synth --shape llama-3-8b --out "$M/llama-3-8b" --dtype bf16 --force >/dev/null 2>&1
@@ -110,7 +119,7 @@ if want spec; then  # CPU-bound: the models, built while the GPU runs the tests
     done ) > "$OUT/prepare_spec.log" 2>&1 &
   prep_spec=$!
 fi
-if want tests first abtests spec kvtier kvquant; then
+if want tests first abtests spec kvtier kvquant grammar; then
   for t in cuda_ops_test cuda_qops_test cuda_models_test cuda_quantized_model_test cuda_engine_test \
            cuda_sampling_test cuda_speculative_test cuda_kv_files_test; do
     el "=== $t"
@@ -239,6 +248,17 @@ if [ -n "${prep_kvquant:-}" ]; then
     el "=== model_bench llama-3-8b --kv-bits $bits (decode at 4k and 32k contexts)"
     kl timeout 150 "$X/bin/model_bench" --device cuda --model "$M/llama-3-8b" --repeat 1 --kv-bits $bits \
       --plan 1:4096:129,8:4096:65,1:32000:65 2>"$OUT/kvquant_$bits.err" | tee -a "$OUT/kvquant.jsonl" || status=1
+  done
+fi
+if [ -n "${prep_grammar:-}" ]; then
+  wait $prep_grammar || { echo "synth failed"; tail -n 3 "$OUT/prepare_grammar.log"; status=1; }
+  : > "$OUT/grammar.jsonl"
+  for round in 1 2; do
+    for schema in "" bench/data/decode_schema.json; do
+      el "=== model_bench llama-3-8b round $round ${schema:+--json-schema $schema}"
+      kl timeout 150 "$X/bin/model_bench" --device cuda --model "$M/llama-3-8b" --repeat 2 --plan 1:128:129,64:128:129 \
+        ${schema:+--json-schema $schema} 2>>"$OUT/grammar.err" | tee -a "$OUT/grammar.jsonl" || status=1
+    done
   done
 fi
 if [ "$what" = bench ]; then

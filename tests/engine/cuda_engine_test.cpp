@@ -4,6 +4,8 @@
 // sampled (temperature) path, which draws on the device (cuda_sampling_test.cpp checks its statistics).
 // The rotating cache (max_kv_size): graphs match eager, a sequence holds a bounded number of
 // blocks, and its tokens equal a dense reference's (every block kept, the same mask and inputs).
+// Grammar masks (structured output) are applied on the device: a constrained step brings back only
+// token ids, and its tokens equal the host path's (the same masks applied to downloaded logits).
 // Reports SKIPPED where no CUDA device is present.
 #include <gtest/gtest.h>
 
@@ -12,6 +14,8 @@
 #include <map>
 
 #include "kiln/engine/engine.h"
+#include "kiln/engine/grammar_constraint.h"
+#include "kiln/grammar/grammar_cache.h"
 #include "kiln/engine/loader.h"
 #include "kiln/engine/model_runner.h"
 #ifdef KILN_HAVE_CUDA
@@ -144,3 +148,72 @@ TEST(CudaEngine, RotatingCacheGraphsMatchEagerAndTheDenseReference) {
 }
 
 }  // namespace
+
+TEST(CudaEngine, GrammarMasksApplyOnTheDevice) {
+  if (!backend::cuda_device_available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  engine::LoadOptions opt;
+  opt.device = "cuda";
+  auto m = engine::load_model(shared_dir() + "/models/tiny-llama", opt);
+  auto table = grammar::TokenTable::from_tokenizer(*m->tokenizer);
+  grammar::GrammarCache cache(table);
+  const std::string schema = R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},)"
+                             R"("n":{"type":"integer"},"tags":{"type":"array","items":{"enum":["a","b"]}}},)"
+                             R"("required":["name","n","tags"]})";
+  auto g = cache.get(grammar::Source::json_schema, schema, {}).masker;
+
+  // The runner: one constrained step; device sampling returns ids only, the host path its logits.
+  std::vector<int32_t> tokens = m->tokenizer->encode("Once upon a time", true);
+  auto run_step = [&](bool device) {
+    auto kv = model::KvCache::allocate(m->model->backend(), m->config, 4, 16);
+    engine::ModelRunner r(*m->model, kv, engine::RunnerConfig{engine::RunnerConfig::PadDecode::automatic, device});
+    engine::GrammarConstraint gc(g, m->eos_ids());
+    engine::LogitsProcessor* procs[] = {&gc};
+    engine::Sampler sampler(engine::SamplingParams{});
+    engine::SampleSpec spec{&sampler, tokens, {}, procs};
+    const std::vector<int32_t> blocks{0, 1};
+    engine::SeqChunk c{tokens, 0, static_cast<int>(tokens.size()), blocks, 1, &spec};
+    return r.run({&c, 1});
+  };
+  const engine::StepOutput dev = run_step(true), host = run_step(false);
+  EXPECT_EQ(dev.logits.numel(), 0) << "a constrained step downloaded its logits";
+  ASSERT_GT(host.logits.numel(), 0);
+  EXPECT_EQ(dev.tokens[0], host.tokens[0]);
+  EXPECT_EQ(table->bytes(dev.tokens[0]).front(), '{');
+
+  // The engine, greedy, 6 sequences batched: the same tokens through device masks and the host path.
+  auto generate_json = [&](bool device, float temperature) {
+    engine::EngineConfig ec;
+    ec.device_sampling = device;
+    engine::Engine eng(*m->model, ec);
+    std::map<int64_t, std::vector<int32_t>> out;
+    for (int s = 0; s < 6; ++s) {
+      engine::Request q;
+      q.prompt = tokens;
+      q.prompt.push_back(static_cast<int32_t>(30 + 17 * s));
+      q.max_tokens = 60;
+      q.stop_ids = m->eos_ids();
+      q.sampling.temperature = temperature;
+      q.sampling.seed = 7 + s;
+      q.grammar = g;
+      q.on_event = [&out](const engine::TokenEvent& e) {
+        if (e.token >= 0) out[e.request_id].push_back(e.token);
+      };
+      eng.add(std::move(q));
+    }
+    while (eng.has_work()) eng.step();
+    return out;
+  };
+  const auto dg = generate_json(true, 0.0f), hg = generate_json(false, 0.0f);
+  ASSERT_EQ(dg.size(), 6u);
+  size_t i = 0;
+  for (auto& [id, toks] : dg) EXPECT_EQ(toks, std::next(hg.begin(), static_cast<long>(i++))->second) << "sequence " << i;
+  // Sampled on the device: every output is a prefix the grammar accepts (or the whole object).
+  const std::vector<int32_t> eos = m->eos_ids();
+  for (auto& [id, toks] : generate_json(true, 1.0f)) {
+    grammar::Matcher mt(g->grammar());
+    for (int32_t t : toks) {
+      if (std::find(eos.begin(), eos.end(), t) != eos.end()) continue;
+      ASSERT_TRUE(mt.accept_bytes(table->bytes(t))) << "sequence " << id << ": a token the grammar refuses";
+    }
+  }
+}

@@ -137,6 +137,17 @@ struct LogitAdjust {
   int32_t in_context = 0, n_generated = 0;
 };
 
+// Token masks for Backend::sample_rows (structured output's grammar masks): row rows[i] keeps only
+// the tokens whose bit is set in words[i * n_words, (i + 1) * n_words) (token t: word t / 32, bit
+// t % 32; n_words >= ceil(vocab / 32)); the others become -inf before the adjustments. Rows not
+// listed are not masked.
+struct TokenMasks {
+  std::vector<int32_t> rows;
+  std::vector<uint32_t> words;
+  int64_t n_words = 0;
+  bool empty() const { return rows.empty(); }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -263,9 +274,10 @@ class Backend {
   // ids[r] = a token drawn from row r of logits (f32 [rows, vocab], adjusted in place by `adjust`)
   // under params[r]: the host Sampler's semantics (temperature, then top-k, min-p, top-p over the
   // tokens ranked by logit; greedy when temperature <= 0; sample_row in sampling.h is the reference
-  // and the default here, on host-readable logits), so only the ids leave the device.
+  // and the default here, on host-readable logits), so only the ids leave the device. `masks` are
+  // applied first (the host path's logits processors run before the Sampler's adjustments too).
   virtual void sample_rows(Tensor& logits, const std::vector<SampleParams>& params,
-                           const std::vector<LogitAdjust>& adjust, Tensor& ids);
+                           const std::vector<LogitAdjust>& adjust, Tensor& ids, const TokenMasks& masks = {});
   // Free and total bytes of the device's memory; false for host backends (nothing to budget).
   virtual bool device_memory(size_t* free_bytes, size_t* total_bytes) const { return false; }
 };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace kiln::backend {
 
@@ -83,8 +84,17 @@ int32_t sample_row(std::span<const float> logits, const SampleParams& p, const s
   return c.back().second;
 }
 
+void check_masks(const std::string& backend, const TokenMasks& m, int64_t rows, int64_t vocab) {
+  if (m.empty()) return;
+  if (m.n_words < (vocab + 31) / 32 || m.words.size() != m.rows.size() * static_cast<size_t>(m.n_words))
+    fail(backend, "sample_rows: {} masks of {} words ({} in all) for a vocabulary of {}", m.rows.size(), m.n_words,
+         m.words.size(), vocab);
+  for (int32_t r : m.rows)
+    if (r < 0 || r >= rows) fail(backend, "sample_rows: a mask names row {} of {}", r, rows);
+}
+
 void Backend::sample_rows(Tensor& logits, const std::vector<SampleParams>& params,
-                          const std::vector<LogitAdjust>& adjust, Tensor& ids) {
+                          const std::vector<LogitAdjust>& adjust, Tensor& ids, const TokenMasks& masks) {
   if (logits.device != Device::cpu || logits.dtype != DType::f32 || logits.ndim() != 2)
     fail(name(), "sample_rows: logits must be float32 [rows, vocab] in host memory, got {} {}", dtype_name(logits.dtype),
          shape_str(logits.shape));
@@ -95,6 +105,13 @@ void Backend::sample_rows(Tensor& logits, const std::vector<SampleParams>& param
   if (static_cast<int64_t>(params.size()) != rows)
     fail(name(), "sample_rows: {} parameter sets for {} rows", params.size(), rows);
   auto row = [&](int64_t r) { return std::span<float>(logits.ptr<float>() + r * vocab, vocab); };
+  check_masks(name(), masks, rows, vocab);
+  for (size_t i = 0; i < masks.rows.size(); ++i) {
+    const uint32_t* w = masks.words.data() + i * masks.n_words;
+    std::span<float> l = row(masks.rows[i]);
+    for (int64_t t = 0; t < vocab; ++t)
+      if (!((w[t >> 5] >> (t & 31)) & 1u)) l[t] = -std::numeric_limits<float>::infinity();
+  }
   for (const LogitAdjust& a : adjust) {
     if (a.row < 0 || a.row >= rows) fail(name(), "sample_rows: an adjustment names row {} of {}", a.row, rows);
     apply_adjust(a, params[a.row], row(a.row));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -34,5 +35,8 @@ void kept_candidates(std::span<const float> logits, const SampleParams& p, std::
 // on the host); `scratch` is reused between calls.
 int32_t sample_row(std::span<const float> logits, const SampleParams& p, const std::function<double()>& uniform,
                    std::vector<std::pair<float, int32_t>>& scratch);
+
+// Throws unless masks fit rows x vocab (the word count, the row indices).
+void check_masks(const std::string& backend, const TokenMasks& masks, int64_t rows, int64_t vocab);
 
 }  // namespace kiln::backend

@@ -8,8 +8,8 @@
 // the sequence without waiting for one: done()). A state that allows no token at all leaves the
 // row unmasked; the engine then rejects the sampled token (accept() is false) and ends the
 // sequence with finish reason "length", as when max_tokens comes before the grammar completes.
-// On CUDA the constrained rows are sampled on the host (SampleSpec::processors): the mask is not
-// applied on the device yet.
+// With device sampling (CUDA) the runner asks for mask() instead, while the forward runs, and the
+// device applies it (Backend::sample_rows' TokenMasks); speculative verifies stay on the host.
 #pragma once
 #include <memory>
 #include <span>
@@ -25,6 +25,10 @@ class GrammarConstraint final : public LogitsProcessor {
   GrammarConstraint(std::shared_ptr<const grammar::TokenMasker> masker, std::vector<int32_t> stop_ids);
   // logits [vocab] (the model's vocab may be padded past the tokenizer's: those ids are masked too).
   void process(std::span<float> logits, std::span<const int32_t> context) override;
+  bool is_mask() const override { return true; }
+  // words [ceil(vocab / 32)] for the model's vocab (ids past the tokenizer's are cleared); all set
+  // when the state allows no token (see above).
+  void mask(std::span<uint32_t> words) override;
   // Advances by an emitted token; false (state unchanged) when the grammar does not allow it.
   bool accept(int32_t token);
   // Takes back the last n accepted tokens (stop tokens are not counted: they end the sequence).
@@ -36,6 +40,8 @@ class GrammarConstraint final : public LogitsProcessor {
 
  private:
   bool is_stop(int32_t id) const;
+  bool fill();  // mask_ for the state; false when it allows nothing
+
   std::shared_ptr<const grammar::TokenMasker> masker_;
   grammar::Matcher matcher_;
   std::vector<int32_t> stop_ids_;

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <bit>
+#include <thread>
 #include <unordered_map>
+
+#include "kiln/base/thread_pool.h"
 
 #include "kiln/engine/sequence.h"
 
@@ -20,17 +23,30 @@ enum class Pick {
   device_sample,  // the device sampler draws (Backend::sample_rows), after the graph
 };
 
+// Whether the chunk's processors are all token masks the device can apply (not in verifies: the
+// engine masks their rows itself, on the host).
+bool device_masks(const SeqChunk& c) {
+  if (c.sample->processors.empty()) return true;
+  if (c.verify) return false;
+  return std::all_of(c.sample->processors.begin(), c.sample->processors.end(),
+                     [](const LogitsProcessor* p) { return p->is_mask(); });
+}
+
 Pick choose_pick(std::span<const SeqChunk> chunks, const backend::Caps& caps, const RunnerConfig& cfg) {
   if (!caps.device_sampling) return Pick::host;
-  bool greedy = true, verify = false;
+  bool greedy = true, verify = false, masked = false;
   for (const SeqChunk& c : chunks) {
     const int sampled_rows = !c.sample ? 0 : c.verify ? c.n_logits : 1;
     if (c.n_logits > sampled_rows) return Pick::host;  // rows read on the host (prompt logprobs)
     if (!c.sample) continue;
-    if (c.sample->keep_logits || !c.sample->processors.empty()) return Pick::host;
+    if (c.sample->keep_logits || !device_masks(c)) return Pick::host;
     greedy &= plain_greedy(c.sample->sampler->params());
     verify |= c.verify;
+    masked |= !c.sample->processors.empty();
   }
+  // Masked rows go through the device sampler (its greedy rows: the argmax of the masked logits),
+  // whose parameters are one row per chunk: verifies (a row per draft) join the host then.
+  if (masked) return cfg.device_sampling && !verify ? Pick::device_sample : Pick::host;
   if (greedy) return Pick::device_argmax;
   // A sampled verify needs the target's distributions (the acceptance rule) on the host.
   return cfg.device_sampling && !verify ? Pick::device_sample : Pick::host;
@@ -59,6 +75,32 @@ void add_device_row(const SampleSpec& s, int row, std::vector<backend::SamplePar
 
 // Tokens per sequence when every chunk runs q tokens and wants all q logit rows (a decode step: q
 // = 1; a speculative verify where every sequence drafted q - 1), else 0. Such steps are graphed.
+// The masks of the chunks' sampled rows, computed on `pool` (one sequence per item: each grammar's
+// state is its own) while the device runs the forward.
+backend::TokenMasks row_masks(std::span<const SeqChunk> chunks, const std::vector<int>& first_row, int64_t vocab,
+                              ThreadPool& pool) {
+  backend::TokenMasks m;
+  m.n_words = (vocab + 31) / 32;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (chunks[i].sample && !chunks[i].sample->processors.empty()) {
+      which.push_back(i);
+      m.rows.push_back(first_row[i] + chunks[i].n_logits - 1);
+    }
+  m.words.assign(which.size() * m.n_words, ~0u);
+  pool.parallel_for(static_cast<int64_t>(which.size()), [&](int64_t b, int64_t e) {
+    std::vector<uint32_t> one(m.n_words);
+    for (int64_t k = b; k < e; ++k) {
+      std::span<uint32_t> w(m.words.data() + k * m.n_words, m.n_words);
+      for (LogitsProcessor* p : chunks[which[k]].sample->processors) {
+        p->mask(one);
+        for (int64_t j = 0; j < m.n_words; ++j) w[j] &= one[j];
+      }
+    }
+  });
+  return m;
+}
+
 int uniform_q(std::span<const SeqChunk> chunks) {
   const int q = chunks.empty() ? 0 : chunks[0].n_tokens;
   for (const SeqChunk& c : chunks)
@@ -100,6 +142,13 @@ uint64_t graph_key(const model::StepInputs& in, const model::KvCache& cache, boo
   key = key * 1000003u + static_cast<uint64_t>(in.max_blocks);
   key = key * 1000003u + static_cast<uint64_t>(cache.max_kv_size);
   return key * 2u + (argmax ? 1u : 0u);
+}
+
+// The host threads that compute grammar masks during device steps (the CPU backend masks on the
+// host path and never uses it). Shared by the process's runners: parallel_for calls queue.
+ThreadPool& mask_pool() {
+  static ThreadPool pool(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
+  return pool;
 }
 
 }  // namespace
@@ -165,8 +214,10 @@ StepOutput ModelRunner::run(std::span<const SeqChunk> chunks) {
       host = be.to_host(ids);
     } else if (pick == Pick::device_sample) {
       if (graphed) be.end_graph();  // the sampler's parameters change every step: after the graph
+      // The forward is queued on the device by now: the grammar masks are computed meanwhile.
+      const backend::TokenMasks masks = row_masks(chunks, out.first_row, logits.dim(1), mask_pool());
       Tensor ids = be.alloc(DType::i32, {logits.dim(0)});
-      be.sample_rows(logits, params, adjust, ids);
+      be.sample_rows(logits, params, adjust, ids, masks);
       host = be.to_host(ids);
     } else {
       if (graphed) be.end_graph();

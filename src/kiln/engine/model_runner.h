@@ -17,13 +17,18 @@ namespace kiln::engine {
 struct Sequence;
 
 // A per-sequence logits processor: changes the logits of the row about to be sampled, before the
-// sampler's own bias and penalties (grammar masks are the next one). Sequences with processors
-// sample on the host.
+// sampler's own bias and penalties. Sequences with processors sample on the host, except where
+// every processor is a token mask (a grammar's) and the backend samples on the device: the masks
+// are computed on the host's threads while the forward runs, and applied on the device.
 class LogitsProcessor {
  public:
   virtual ~LogitsProcessor() = default;
   // logits [vocab]; context: the sequence's tokens so far (prompt and output).
   virtual void process(std::span<float> logits, std::span<const int32_t> context) = 0;
+  // Whether process() only sets logits to -inf (a token mask), so that mask() may stand for it.
+  virtual bool is_mask() const { return false; }
+  // The tokens process() would keep: bit t of words [ceil(vocab / 32)] set (others cleared).
+  virtual void mask(std::span<uint32_t> words) { (void)words; }
 };
 
 // How the token after a chunk is chosen (from the chunk's last logits row).

@@ -81,7 +81,7 @@ class CudaBackend final : public Backend {
   bool decoder_stack(const DecoderStackArgs& a, Tensor& x);
   // Device sampling (cuda_sampling.cpp, kernels in sampling.cu).
   void sample_rows(Tensor& logits, const std::vector<SampleParams>& params, const std::vector<LogitAdjust>& adjust,
-                   Tensor& ids) override;
+                   Tensor& ids, const TokenMasks& masks = {}) override;
   bool device_memory(size_t* free_bytes, size_t* total_bytes) const override;
   // MoE (cuda_moe_ops.cpp, kernels in moe.cu): routing on the device (up to kMoeRouteMaxExperts
   // experts); the experts on the device for up to kMoeMaxTokens tokens when every expert is a dense

@@ -4,6 +4,7 @@
 
 #include "kiln/backend/cuda/core/cuda_impl.h"
 #include "kiln/backend/cuda/ops/sampling.h"
+#include "kiln/backend/sampling.h"
 
 namespace kiln::backend::cuda {
 
@@ -22,7 +23,7 @@ Tensor upload_records(CudaBackend& be, const std::vector<T>& v) {
 }  // namespace
 
 void CudaBackend::sample_rows(Tensor& logits, const std::vector<SampleParams>& params,
-                              const std::vector<LogitAdjust>& adjust, Tensor& ids) {
+                              const std::vector<LogitAdjust>& adjust, Tensor& ids, const TokenMasks& masks) {
   Impl& im = *impl_;
   if (logits.device != Device::cuda || logits.dtype != DType::f32 || logits.ndim() != 2)
     fail("cuda", "sample_rows: logits must be float32 [rows, vocab] on the device, got {} {}", dtype_name(logits.dtype),
@@ -50,11 +51,16 @@ void CudaBackend::sample_rows(Tensor& logits, const std::vector<SampleParams>& p
     if (a.row < 0 || a.row >= rows) fail("cuda", "sample_rows: adjustment {} names row {} of {}", i, a.row, rows);
     da[i] = DevLogitAdjust{a.row, a.token, a.bias, a.in_context, a.n_generated};
   }
+  check_masks("cuda", masks, rows, vocab);
   im.skip();  // the write fence (never a replay: checked above)
   if (rows == 0) return;
   Tensor dp = upload_records(*this, dr), dadj = upload_records(*this, da);
+  Tensor dmr = upload_records(*this, masks.rows), dmw = upload_records(*this, masks.words);  // (~16 KB a row at 128k)
   ProfScope ps(im, "sample_rows");
   const auto* rp = static_cast<const DevSampleRow*>(dp.data);
+  launch_mask_logits(logits.ptr<float>(), vocab, static_cast<const int32_t*>(dmr.data),
+                     static_cast<const uint32_t*>(dmw.data), masks.n_words, static_cast<int64_t>(masks.rows.size()),
+                     im.stream);
   launch_adjust_logits(logits.ptr<float>(), vocab, static_cast<const DevLogitAdjust*>(dadj.data),
                        static_cast<int64_t>(da.size()), rp, im.stream);
   launch_sample_rows(logits.ptr<float>(), rows, vocab, rp, ids.ptr<int32_t>(), im.stream);

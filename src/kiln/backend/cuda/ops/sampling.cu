@@ -260,6 +260,22 @@ __global__ void adjust_kernel(float* logits, int64_t n, const DevLogitAdjust* ad
 
 }  // namespace
 
+__global__ void mask_kernel(float* logits, int64_t vocab, const int32_t* rows, const uint32_t* words,
+                            int64_t n_words) {
+  const int64_t i = blockIdx.y;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= vocab) return;
+  if (!((words[i * n_words + (t >> 5)] >> (t & 31)) & 1u)) logits[rows[i] * vocab + t] = -INFINITY;
+}
+
+void launch_mask_logits(float* logits, int64_t vocab, const int32_t* rows, const uint32_t* words, int64_t n_words,
+                        int64_t n_masks, cudaStream_t s) {
+  if (n_masks == 0) return;
+  const dim3 grid(static_cast<unsigned>((vocab + 255) / 256), static_cast<unsigned>(n_masks));
+  mask_kernel<<<grid, 256, 0, s>>>(logits, vocab, rows, words, n_words);
+  KILN_CUDA_LAUNCH_CHECK("mask_logits");
+}
+
 void launch_adjust_logits(float* logits, int64_t vocab, const DevLogitAdjust* adjust, int64_t n_adjust,
                           const DevSampleRow* rows, cudaStream_t s) {
   if (n_adjust == 0) return;

@@ -27,6 +27,9 @@ struct DevLogitAdjust {
 // entries name distinct (row, token) pairs, so they run in parallel.
 void launch_adjust_logits(float* logits, int64_t vocab, const DevLogitAdjust* adjust, int64_t n_adjust,
                           const DevSampleRow* rows, cudaStream_t s);
+// logits[rows[i], t] = -inf where bit t of words[i * n_words ...] is clear (TokenMasks' layout).
+void launch_mask_logits(float* logits, int64_t vocab, const int32_t* rows, const uint32_t* words, int64_t n_words,
+                        int64_t n_masks, cudaStream_t s);
 // ids[r] = the token drawn for row r of logits f32 [n_rows, vocab] (one block per row).
 void launch_sample_rows(const float* logits, int64_t n_rows, int64_t vocab, const DevSampleRow* rows, int32_t* ids,
                         cudaStream_t s);
