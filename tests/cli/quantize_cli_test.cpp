@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <map>
 #include <regex>
 
@@ -55,6 +57,22 @@ TEST(QuantizeCli, PerplexityAndKlOrderAcrossBitWidths) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("bits per weight"), std::string::npos) << r.out;
     by_bits[bits] = perplexity(out);
+  }
+  // --save-eval: the figures printed are the ones kiln_eval.json carries (upload's model card reads it).
+  {
+    auto r = run_kiln({"perplexity", "--model", dir + "/q4", "--device", "cpu", "--data-path", kText,
+                       "--sequence-length", "128", "--num-samples", "24", "--kl-reference", kFloat, "--save-eval"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(dir + "/q4/kiln_eval.json");
+    const nlohmann::json ev = nlohmann::json::parse(in);
+    EXPECT_NEAR(ev["perplexity"].get<double>(), by_bits[4].ppl, 1e-3 * by_bits[4].ppl);
+    EXPECT_NEAR(ev["kl_mean"].get<double>(), by_bits[4].kl_mean, 1e-5 + 1e-5 * by_bits[4].kl_mean);
+    EXPECT_EQ(ev["reference"].get<std::string>(), kFloat);
+    EXPECT_NE(ev["dataset"].get<std::string>().find("alice"), std::string::npos);
+    EXPECT_FALSE(fs::exists(dir + "/q4/kiln_eval.json.tmp"));
+    auto embedded = run_kiln({"perplexity", "--data-path", kText, "--save-eval"});
+    EXPECT_EQ(embedded.exit_code, 1);
+    EXPECT_NE(embedded.err.find("local folder"), std::string::npos) << embedded.err;
   }
   const Ppl f = perplexity(kFloat);
   EXPECT_EQ(f.kl_mean, 0.0);

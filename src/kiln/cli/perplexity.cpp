@@ -3,6 +3,7 @@
 // --sequence-length tokens are filled. Prints "Perplexity: X ± SE" and tokens/s; --kl-reference M
 // also prints the mean and 99th-percentile KL(reference || model) of the next-token distributions.
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "kiln/cli/model_args.h"
 #include "kiln/engine/kv_sizing.h"
 #include "kiln/eval/perplexity.h"
+#include "kiln/hub/model_card.h"
 
 namespace kiln::cli {
 
@@ -19,6 +21,7 @@ namespace {
 struct PerplexityArgs {
   ModelArgs model;
   std::string data_path, kl_reference;
+  bool save_eval = false;
   int sequence_length = 512, num_samples = 256, batch_size = 8;
   uint64_t seed = 123;
 };
@@ -44,6 +47,8 @@ std::vector<std::string> paragraphs(const std::string& path) {
 
 void run_perplexity(const PerplexityArgs& a) {
   using Clock = std::chrono::steady_clock;
+  if (a.save_eval && !std::filesystem::is_directory(a.model.model))
+    fail("perplexity", "--save-eval writes into the model's folder: give --model a local folder");
   std::printf("Loading model from %s...\n", a.model.model.empty() ? "<embedded stories260K>" : a.model.model.c_str());
   auto m = a.model.load();
   std::unique_ptr<engine::LoadedModel> ref;
@@ -100,6 +105,15 @@ void run_perplexity(const PerplexityArgs& a) {
   if (ref) std::printf("KL divergence from %s: mean %.6f, p99 %.6f\n", a.kl_reference.c_str(), s.kl_mean, s.kl_p99);
   std::printf("Evaluation time: %.2f seconds\n", secs);
   std::printf("Tokens per second: %.0f\n", static_cast<double>(s.n_tokens) / std::max(secs, 1e-9));
+  if (a.save_eval) {
+    hub::EvalFigures f;
+    f.perplexity = s.perplexity, f.perplexity_se = s.perplexity_se;
+    if (ref) f.kl_mean = s.kl_mean, f.kl_p99 = s.kl_p99, f.reference = a.kl_reference;
+    f.dataset = std::filesystem::path(a.data_path).filename().string() + ", " + std::to_string(rows.size()) + " x " +
+                std::to_string(a.sequence_length) + " tokens";
+    hub::write_eval_file(m->path, f);
+    std::printf("Figures written to %s/%s (kiln upload's model card shows them)\n", m->path.c_str(), hub::kEvalFile);
+  }
   std::printf("\nDataset statistics:\n  Total samples: %zu\n  Total tokens: %zu\n", rows.size(),
               rows.size() * static_cast<size_t>(a.sequence_length));
 }
@@ -119,6 +133,8 @@ void add_perplexity(CLI::App& app) {
   cmd->add_option("--kl-reference", a->kl_reference,
                   "Reference model (e.g. the float original): also report KL(reference || model); it runs with a float "
                   "KV cache, so --kv-bits with the same model as reference measures the quantized cache");
+  cmd->add_flag("--save-eval", a->save_eval,
+               "Write the figures to the model folder's kiln_eval.json (kiln upload's model card shows them)");
   cmd->callback([a] { run_perplexity(*a); });
 }
 

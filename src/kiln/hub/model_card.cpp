@@ -6,9 +6,27 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kiln/base/error.h"
 #include "kiln/base/version.h"
 
 namespace kiln::hub {
+
+void write_eval_file(const std::string& dir, const EvalFigures& f) {
+  nlohmann::json j = {{"perplexity", f.perplexity}, {"perplexity_se", f.perplexity_se}};
+  if (f.kl_mean >= 0) j["kl_mean"] = f.kl_mean, j["kl_p99"] = f.kl_p99;
+  if (!f.dataset.empty()) j["dataset"] = f.dataset;
+  if (!f.reference.empty()) j["reference"] = f.reference;
+  const std::string path = dir + "/" + kEvalFile, tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << j.dump(2) << "\n";
+    if (!out.flush()) fail("hub", "cannot write {} (is the model folder writable?)", tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) fail("hub", "cannot write {}: {}", path, ec.message());
+}
+
 namespace {
 
 nlohmann::json read_json(const std::string& path) {

@@ -11,6 +11,14 @@ namespace kiln::hub {
 // "kl_p99": K99, "dataset": "...", "reference": "ORG/NAME"}; any key may be absent.
 inline constexpr const char* kEvalFile = "kiln_eval.json";
 
+struct EvalFigures {
+  double perplexity = 0, perplexity_se = 0;
+  double kl_mean = -1, kl_p99 = -1;  // < 0: not measured (no reference)
+  std::string dataset, reference;
+};
+// Writes dir/kiln_eval.json (through a temporary file and a rename: a crash leaves the old one).
+void write_eval_file(const std::string& dir, const EvalFigures& f);
+
 // base_model: "" = config.json's "_name_or_path" when it is a repo id, else left out.
 std::string model_card(const std::string& dir, const std::string& repo, const std::string& base_model);
 
